@@ -1,0 +1,420 @@
+# docs: docs/grpo_agent.md
+"""Multi-turn GRPO for LLM agents (Shao et al. 2024, DeepSeekMath; seed 000 eq. 12.18-12.19; seed 001).
+
+For each task (an environment seed), G episodes are played with the current policy; each episode's
+return is normalised within its group (eq. 12.18) and that advantage is given to every policy token
+(free mode) or every action (choice mode) of the episode. The policy is updated with a clipped
+importance ratio against the behaviour log-probs recorded at sampling time, plus an optional k3 KL
+penalty to a frozen reference (eq. 12.19). Only policy units enter the loss: prompt, system,
+observation and template tokens are masked out (seed 001, the source mask m_j).
+
+Usage:
+    python algorithms/grpo_agent.py                                   # smollm2-135m, GridWorld, choice mode, CPU
+    python algorithms/grpo_agent.py --model tiny --total-iterations 5 # seconds, for a smoke test
+    python algorithms/grpo_agent.py --action-mode free --sft-steps 30 # free text, with a format cold start
+    python algorithms/grpo_agent.py --device cuda                     # one GPU
+    torchrun --nproc_per_node 2 algorithms/grpo_agent.py --model tiny # data parallel (gloo on CPU, NCCL on GPU)
+
+Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
+`package.module:Factory` passed as --env-id).
+
+Where this departs from the paper / seed:
+- The advantage is episode-level (outcome supervision); there is no per-step credit assignment (seed 001).
+- Groups whose returns have zero variance carry no signal (Var[R] = p(1 - p) = 0) and are dropped from
+  the loss rather than resampled (seed 001, "solvability filtering"); their fraction is logged.
+- The ratio uses the log-probs recorded by the sampler as pi_old: no extra forward (exact on CPU fp32;
+  the recomputed-vs-recorded gap is logged as diagnostics/logprob_mismatch).
+- Clipping is asymmetric by flag (eps_low / eps_high, the "clip-higher" of DAPO); the default is symmetric.
+- `--loss-agg token-mean` (default) divides by the batch's policy-unit count, `sequence-mean` averages
+  per-episode means, as in the original GRPO.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import tyro
+
+import envs
+from common.distributed import all_reduce_mean, init_distributed, print0, seed_everything
+from common.models import load_model, resolve_device
+from common.records import Trajectory
+from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
+from common.tracking import Tracker, make_run_name
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (model init for `tiny`, sampling, environment seeds)"""
+    torch_deterministic: bool = True
+    """use deterministic torch algorithms, so the same seed gives the same numbers on CPU"""
+    device: str = "cpu"
+    """`cpu`, `cuda`, `cuda:N` or `auto`"""
+    save_model: bool = False
+    """save the final policy (Hugging Face format) to `runs/{run_name}/model`"""
+    model: str = "smollm2-135m"
+    """`tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
+    env_id: str = "gridworld"
+    """environment id (`gridworld`, `gridworld-procedural`, ...) or `package.module:Factory`"""
+    output_dir: str = "runs"
+    """where run directories are created"""
+
+    # Algorithm specific arguments
+    total_iterations: int = 20
+    """number of GRPO iterations (rollout + update)"""
+    num_groups: int = 2
+    """tasks (environment seeds) per iteration, per process"""
+    group_size: int = 8
+    """episodes per task: the G of eq. 12.18"""
+    action_mode: Literal["free", "choice"] = "choice"
+    """`choice`: a distribution over the environment's action names; `free`: generated text the environment parses"""
+    choice_token_norm: bool = True
+    """TWOSOME normalisation: divide an action's log-prob by its token count (matters for multi-token names)"""
+    learning_rate: float = 3e-5
+    """AdamW learning rate"""
+    trainable_layers: int = 6
+    """train only the top N transformer layers (0 = the whole model); fewer is faster on CPU"""
+    update_epochs: int = 2
+    """optimisation epochs over each batch (epoch 1 is on-policy; later epochs make the clip matter)"""
+    micro_batch_size: int = 4
+    """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
+    clip_eps_low: float = 0.2
+    """ratio clip below: 1 - eps_low"""
+    clip_eps_high: float = 0.2
+    """ratio clip above: 1 + eps_high (0.28 is DAPO's clip-higher)"""
+    beta: float = 0.0
+    """k3 KL coefficient to the frozen initial policy; 0 skips loading the reference model"""
+    adv_eps: float = 1e-4
+    """epsilon in the advantage denominator (std + eps)"""
+    loss_agg: Literal["token-mean", "sequence-mean"] = "token-mean"
+    """how policy-unit losses are averaged"""
+    filter_zero_variance: bool = True
+    """drop groups whose returns are all equal (no learning signal) from the loss"""
+    max_grad_norm: float = 1.0
+    """gradient clipping"""
+    temperature: float = 1.0
+    """sampling temperature during training rollouts"""
+    top_p: float = 1.0
+    """nucleus sampling during training rollouts"""
+    max_turn_tokens: int = 8
+    """free mode: cap on generated tokens per turn (hitting it is recorded on the turn)"""
+    max_total_tokens: int = 4096
+    """cap on an episode's whole token sequence (hitting it ends the episode as truncated)"""
+    sft_steps: int = 0
+    """cold start: SFT steps on format demonstrations (random *valid* actions) before RL; free mode needs ~30"""
+    sft_batch_size: int = 8
+    """demonstrations per SFT step"""
+    sft_learning_rate: float = 1e-4
+    """learning rate of the cold start"""
+    eval_every: int = 5
+    """greedy evaluation every N iterations (and before the first and after the last); 0 disables"""
+    eval_episodes: int = 16
+    """episodes per greedy evaluation"""
+
+    # filled in at runtime
+    world_size: tyro.conf.Suppress[int] = 1
+    """number of processes (torchrun)"""
+    batch_size: tyro.conf.Suppress[int] = 0
+    """episodes per iteration over all processes: num_groups * group_size * world_size"""
+
+
+def validate_args(args: Args):
+    problems = []
+    for name in ("total_iterations", "num_groups", "group_size", "update_epochs", "micro_batch_size", "max_turn_tokens"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+    if args.group_size < 2:
+        problems.append("--group-size must be >= 2: a group of one has no variance to normalise by")
+    if not 0 <= args.clip_eps_low < 1 or args.clip_eps_high < 0:
+        problems.append("--clip-eps-low must be in [0, 1) and --clip-eps-high >= 0")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
+    if problems:
+        raise SystemExit("grpo_agent.py: " + "; ".join(problems))
+
+
+def group_advantages(returns: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 12.18: A_i = (r_i - mean(r)) / (std(r) + eps) within each group. returns: [num_groups, G]."""
+    mean = returns.mean(dim=1, keepdim=True)
+    std = returns.std(dim=1, keepdim=True, unbiased=False)
+    return (returns - mean) / (std + eps)
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, unit_mask, eps_low, eps_high, beta, loss_agg, num_units, num_seqs):
+    """Eq. 12.19 over policy units, as a quantity to minimise.
+
+    logp / old_logp / ref_logp / unit_mask: [B, U]; advantages: [B]. `num_units` and `num_seqs` are the
+    counts over the *whole* batch, so micro-batches accumulate to exactly the full-batch loss.
+    """
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages[:, None]
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
+    per_unit = -surrogate
+    kl = torch.zeros_like(logp)
+    if beta > 0:
+        # k3 estimator of KL(pi || pi_ref): exp(ref - logp) - (ref - logp) - 1 >= 0 (Schulman 2020)
+        log_r = ref_logp - logp
+        kl = torch.exp(log_r) - log_r - 1
+        per_unit = per_unit + beta * kl
+    if loss_agg == "token-mean":
+        loss = (per_unit * unit_mask).sum() / max(num_units, 1)
+    else:
+        per_seq = (per_unit * unit_mask).sum(1) / unit_mask.sum(1).clamp(min=1)
+        loss = per_seq.sum() / max(num_seqs, 1)
+    with torch.no_grad():
+        m = unit_mask.bool()
+        stats = {
+            "clip_low": ((ratio < 1 - eps_low) & (adv < 0))[m].float().sum().item(),
+            "clip_high": ((ratio > 1 + eps_high) & (adv > 0))[m].float().sum().item(),
+            "ratio_sum": ratio[m].sum().item(),
+            "kl_sum": kl[m].sum().item(),
+        }
+    return loss, stats
+
+
+def format_demonstrations(engine: RolloutEngine, env, rng: random.Random, n: int, max_turns: int = 3) -> list[Trajectory]:
+    """Cold-start data (seed 001): short episodes whose actions are random *valid* action names.
+
+    They teach the answer format (one action name, then end of turn), not which action is good.
+    """
+    chat, demos = engine.chat, []
+    for _ in range(n):
+        obs, _ = env.reset(seed=rng.randrange(1 << 30))
+        ids, mask = chat.prompt_ids(env.system_prompt, obs), []
+        mask = [0] * len(ids)
+        for turn in range(rng.randint(1, max_turns)):
+            name = rng.choice(env.action_names)
+            action = chat.encode(name) + [chat.eos_id]
+            ids, mask = ids + action, mask + [1] * len(action)
+            obs, _, terminated, truncated, _ = env.step(name)
+            if terminated or truncated or turn == max_turns - 1:
+                break
+            segment = chat.next_turn_ids(obs, action_ended_with_eos=True)
+            ids, mask = ids + segment, mask + [0] * len(segment)
+        demos.append(Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0,
+                                turns=[], rewards={}, return_=0.0, termination="truncated", env_version="", task_id="", seed=0))
+    return demos
+
+
+def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    steps = sum(t.num_steps for t in trajs)
+    return {
+        "episodic_return": float(np.mean([t.return_ for t in trajs])),
+        "success_rate": float(np.mean([t.success for t in trajs])),
+        "episode_length": float(np.mean([t.num_steps for t in trajs])),
+        "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1),
+    }
+
+
+def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int) -> dict[str, float]:
+    """Greedy episodes (temperature 0) on seeds disjoint from training seeds."""
+    sampling = engine.config
+    engine.config = RolloutConfig(**{**vars(sampling), "temperature": 0.0})
+    trajs = engine.run([envs.make(env_id) for _ in range(num)], [10**9 + seed * 1000 + i for i in range(num)], env_id)
+    engine.config = sampling
+    return episode_metrics(trajs)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    validate_args(args)
+    device = resolve_device(args.device)
+    rank, _, args.world_size = init_distributed(device)
+    args.batch_size = args.num_groups * args.group_size * args.world_size
+    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    try:
+        envs.make(args.env_id)  # fail fast on a bad --env-id, before loading a model
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"--env-id: {e}")
+
+    # seeding: each rank samples its own episodes; the model init (tiny) is the same on every rank
+    seed_everything(args.seed, args.torch_deterministic)
+    model, tokenizer = load_model(args.model, device, seed=args.seed)
+    rank_seed = args.seed + 1000 * rank
+    sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
+    py_rng = random.Random(rank_seed)
+
+    if args.trainable_layers > 0:
+        model.requires_grad_(False)
+        for layer in model.get_decoder().layers[-args.trainable_layers:]:
+            layer.requires_grad_(True)
+        model.get_decoder().norm.requires_grad_(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.world_size > 1:  # start from identical weights on every rank: broadcast, not seeding alone
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    ref_model = None
+    if args.beta > 0:
+        ref_model, _ = load_model(args.model, device, seed=args.seed)
+        ref_model.requires_grad_(False)
+        if args.world_size > 1:
+            for p in ref_model.parameters():
+                dist.broadcast(p.data, src=0)
+
+    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=rank == 0)
+    print0(f"run {run_name}: {args.model} on {args.env_id}, {args.action_mode} mode, {args.batch_size} episodes/iteration")
+    engine = RolloutEngine(model, tokenizer, RolloutConfig(
+        action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
+        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm))
+    if args.action_mode == "choice" and not getattr(envs.make(args.env_id), "action_names", None):
+        raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
+
+    def all_reduce_grads():
+        if args.world_size > 1:
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= args.world_size
+
+    # ---- cold start: SFT on format demonstrations (seed 001) ----
+    if args.sft_steps > 0:
+        demo_env = envs.make(args.env_id)
+        sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate)
+        model.train()
+        for step in range(1, args.sft_steps + 1):
+            demos = format_demonstrations(engine, demo_env, py_rng, args.sft_batch_size)
+            units = policy_logprobs(model, demos, "free")
+            sft_loss = -(units.logprobs * units.mask).sum() / units.mask.sum()
+            sft_opt.zero_grad()
+            sft_loss.backward()
+            all_reduce_grads()
+            torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            sft_opt.step()
+            tracker.scalars({"losses/sft_loss": sft_loss.item()}, step)
+            if step % 10 == 0 or step == args.sft_steps:
+                print0(f"sft {step}/{args.sft_steps} | loss {sft_loss.item():.3f}")
+        model.eval()
+
+    optimizer = torch.optim.AdamW(params, lr=args.learning_rate)
+    episodes_seen, start = 0, time.time()
+
+    def run_eval(iteration: int):
+        if args.eval_every > 0 and rank == 0:
+            metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed)
+            tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
+            print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} | return {metrics['episodic_return']:.2f}")
+
+    run_eval(0)
+    for iteration in range(1, args.total_iterations + 1):
+        # ---- rollout: G episodes per task, tasks seeded by (seed, rank, iteration, group) ----
+        t0 = time.time()
+        task_seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_groups + g for g in range(args.num_groups)]
+        seeds = [s for s in task_seeds for _ in range(args.group_size)]
+        trajs = engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
+                           generator=sample_gen)
+        rollout_s = time.time() - t0
+        episodes_seen += len(trajs) * args.world_size
+
+        # ---- advantages (eq. 12.18) and zero-variance filtering ----
+        returns = torch.tensor([t.return_ for t in trajs], dtype=torch.float32).view(args.num_groups, args.group_size)
+        advantages = group_advantages(returns, args.adv_eps).flatten()
+        zero_var = (returns.std(dim=1, unbiased=False) < 1e-8).repeat_interleave(args.group_size)
+        keep = [i for i in range(len(trajs)) if not (args.filter_zero_variance and zero_var[i])]
+        train_trajs, train_adv = [trajs[i] for i in keep], advantages[keep].to(device)
+
+        # ---- update: clipped surrogate over policy units (eq. 12.19), micro-batched ----
+        t1 = time.time()
+        stats = {"clip_low": 0.0, "clip_high": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
+        entropy_sum, policy_loss_sum, mismatch_max, mismatch_sum, ref_s, grad_norm = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        num_units = num_seqs = 0
+        if train_trajs:
+            old_logp, unit_mask = behavior_units(train_trajs, args.action_mode)
+            old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
+            num_units, num_seqs = int(unit_mask.sum()), len(train_trajs)
+            chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
+            ref_logp = torch.zeros_like(old_logp)
+            if ref_model is not None:
+                tr = time.time()
+                with torch.no_grad():
+                    for c in chunks:
+                        ref = policy_logprobs(ref_model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
+                                              args.choice_token_norm).logprobs
+                        ref_logp[c.start:c.stop, : ref.shape[1]] = ref
+                ref_s = time.time() - tr
+            model.train()
+            for epoch in range(args.update_epochs):
+                optimizer.zero_grad()
+                for c in chunks:
+                    units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
+                                            args.choice_token_norm)
+                    width = units.logprobs.shape[1]
+                    sl = (slice(c.start, c.stop), slice(0, width))
+                    loss, s = grpo_loss(units.logprobs, old_logp[sl], ref_logp[sl], train_adv[c.start:c.stop], unit_mask[sl],
+                                        args.clip_eps_low, args.clip_eps_high, args.beta, args.loss_agg, num_units, num_seqs)
+                    loss.backward()
+                    if epoch == 0:  # same weights as the sampler: the recorded log-probs must match
+                        gap = ((units.logprobs.detach() - old_logp[sl]).abs() * unit_mask[sl])
+                        mismatch_max = max(mismatch_max, gap.max().item())
+                        mismatch_sum += gap.sum().item()
+                        entropy_sum += (units.entropy.detach() * unit_mask[sl]).sum().item()
+                        policy_loss_sum += loss.item()
+                        for k in stats:
+                            stats[k] += s[k]
+                all_reduce_grads()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
+                optimizer.step()
+            model.eval()
+        update_s = time.time() - t1
+
+        # ---- logging ----
+        ep = episode_metrics(trajs)
+        total_tokens = sum(len(t.token_ids) for t in trajs)
+        env_s = sum(turn.env_s for t in trajs for turn in t.turns)
+        denom = max(num_units, 1)
+        scalars = {
+            **{f"charts/{k}": v for k, v in ep.items()},
+            "losses/policy_loss": policy_loss_sum,
+            "losses/kl": stats["kl_sum"] / denom,
+            "losses/entropy": entropy_sum / denom,
+            "diagnostics/clip_fraction_low": stats["clip_low"] / denom,
+            "diagnostics/clip_fraction_high": stats["clip_high"] / denom,
+            "diagnostics/ratio_mean": stats["ratio_sum"] / denom if num_units else 1.0,
+            "diagnostics/advantage_std": float(advantages.std(unbiased=False)),
+            "diagnostics/zero_variance_groups": float(zero_var.view(args.num_groups, -1)[:, 0].float().mean()),
+            "diagnostics/logprob_mismatch": mismatch_max,
+            "diagnostics/logprob_mismatch_mean": mismatch_sum / denom,
+            "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
+            "diagnostics/grad_norm": grad_norm,
+            "diagnostics/truncated_turn_rate": float(np.mean([turn.truncated_tokens for t in trajs for turn in t.turns])),
+            "perf/rollout_s": rollout_s,
+            "perf/update_s": update_s,
+            "perf/reference_s": ref_s,
+            "perf/env_s": env_s,
+            "perf/rollout_tokens_per_s": total_tokens / rollout_s,
+            "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in trajs) / rollout_s,
+            "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,
+        }
+        scalars = all_reduce_mean(scalars)
+        tracker.scalars(scalars, episodes_seen)
+        if iteration == 1 or iteration % 10 == 0:
+            tracker.trajectories(trajs, episodes_seen)
+        print0(f"iter {iteration}/{args.total_iterations} | episodes {episodes_seen} | return {scalars['charts/episodic_return']:.2f} "
+               f"| success {scalars['charts/success_rate']:.2f} | invalid {scalars['charts/invalid_action_rate']:.2f} "
+               f"| loss {scalars['losses/policy_loss']:+.4f} | entropy {scalars['losses/entropy']:.3f} "
+               f"| zero-var {scalars['diagnostics/zero_variance_groups']:.2f} | {rollout_s + update_s:.1f}s "
+               f"(rollout {rollout_s:.1f}, update {update_s:.1f}) | {scalars['perf/rollout_tokens_per_s']:.0f} tok/s")
+        if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.total_iterations):
+            run_eval(iteration)
+
+    if args.save_model and rank == 0:
+        path = os.path.join(args.output_dir, run_name, "model")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        print0(f"model saved to {path}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    tracker.close()
+    if args.world_size > 1:
+        dist.destroy_process_group()

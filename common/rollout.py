@@ -1,0 +1,415 @@
+"""The batched multi-turn rollout engine, and the trainer-side scoring of the same records.
+
+`RolloutEngine.run` plays B episodes in lockstep with one KV cache:
+  * each turn, every live episode's new tokens (first prompt, or the wrapper + observation after its last
+    action) are left-padded to a common length and appended to the cache in one forward; padding in the
+    middle of a row is masked out and position ids count real tokens only, so a row's numbers equal those
+    of the same sequence encoded alone (a test holds it);
+  * the history is never re-encoded: cost grows with total tokens, not turns x context;
+  * `free` mode samples up to `max_turn_tokens` per turn (temperature / top-p), stopping each row at EOS;
+    `choice` mode scores every action name of the environment in one batched step on top of the cache
+    (GLAM, Carta et al. 2023; TWOSOME's token-count normalisation optional, Tan et al. 2024) and samples
+    an action from that distribution, so it is never invalid;
+  * finished episodes leave the batch (their cache rows are dropped);
+  * the record is token-in/token-out: the ids sampled plus the ids fed, with source mask and the
+    behaviour log-prob of every sampled token (under softmax(logits / T), before top-p truncation).
+
+`policy_logprobs` recomputes, with gradients, the log-prob and entropy of every *policy unit* of a batch
+of records: a sampled token in free mode, an action in choice mode. Losses are written over units, so
+an algorithm file reads the same in both modes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from common.chat import ChatFormat
+from common.records import ChoiceStep, Trajectory, Turn
+
+
+@dataclass
+class RolloutConfig:
+    action_mode: str = "free"  # "free" | "choice"
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_turn_tokens: int = 16  # per-turn cap on sampled tokens (free mode)
+    max_total_tokens: int = 4096  # per-episode cap on the whole sequence; hitting it ends the episode as truncated
+    choice_token_norm: bool = False  # TWOSOME: divide each action's log-prob by its token count
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, generator=None):
+    """Returns (token ids, their log-probs under softmax(logits / T)). T = 0 is greedy (log-probs at T = 1)."""
+    if temperature == 0:
+        token = logits.argmax(-1)
+        return token, F.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
+    logprobs = F.log_softmax(logits / temperature, -1)
+    probs = logprobs.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always survives)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
+
+
+def _lm_parts(model):
+    """The transformer body (hidden states) and the LM head, so logits are computed only where needed."""
+    return model.get_decoder(), model.get_output_embeddings()
+
+
+def score_candidates(model, cache, attention_mask, last_logits, candidates: list[list[int]], token_norm: bool):
+    """Joint log-prob of each candidate continuation after the cached prefix, for every row.
+
+    `last_logits` [n, V] are the logits at the prefix's last position; multi-token candidates need one
+    extra forward of all rows x candidates on a copy of the cache. Returns scores [n, K] (with grad if the
+    inputs carry it).
+    """
+    first_logp = F.log_softmax(last_logits.float(), -1)
+    first = torch.tensor([c[0] for c in candidates], device=last_logits.device)
+    scores = first_logp[:, first]  # [n, K]
+    lengths = torch.tensor([len(c) for c in candidates], device=last_logits.device, dtype=scores.dtype)
+    longest = int(lengths.max())
+    if longest > 1:
+        n, k = scores.shape
+        body, head = _lm_parts(model)
+        # feed tokens 1..m-1 of each candidate (right-padded) to get the log-probs of tokens 2..m
+        feed = torch.zeros((n * k, longest - 1), dtype=torch.long, device=last_logits.device)
+        feed_mask = torch.zeros_like(feed)
+        targets = torch.zeros_like(feed)
+        for j, cand in enumerate(candidates):
+            feed[j::k, : len(cand) - 1] = torch.tensor(cand[:-1], device=feed.device)
+            targets[j::k, : len(cand) - 1] = torch.tensor(cand[1:], device=feed.device)
+            feed_mask[j::k, : len(cand) - 1] = 1
+        branch = _repeat_cache(cache, k)
+        attn = torch.cat([attention_mask.repeat_interleave(k, 0), feed_mask], 1)
+        pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -(longest - 1):]
+        hidden = body(input_ids=feed, attention_mask=attn, position_ids=pos, past_key_values=branch,
+                      use_cache=True).last_hidden_state
+        logp = F.log_softmax(head(hidden).float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+        scores = scores + (logp * feed_mask).sum(-1).view(n, k)
+    if token_norm:
+        scores = scores / lengths
+    return scores
+
+
+def _repeat_cache(cache, k: int):
+    """A new cache with every row repeated k times (row i -> rows i*k .. i*k+k-1); the original is untouched.
+
+    Built from the tensors rather than deep-copied so it also works inside the autograd graph (trainer).
+    """
+    from transformers import DynamicCache
+
+    branch = DynamicCache()
+    for layer_idx, layer in enumerate(cache.layers):
+        branch.update(layer.keys.repeat_interleave(k, 0), layer.values.repeat_interleave(k, 0), layer_idx)
+    return branch
+
+
+class _Episode:
+    """Mutable per-episode state while the batch runs; becomes a Trajectory at the end."""
+
+    def __init__(self, env, seed: int, env_id: str):
+        self.env, self.seed, self.env_id = env, seed, env_id
+        self.token_ids: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.unfed: list[int] = []  # ids in the record but not yet in the KV cache
+        self.turns: list[Turn] = []
+        self.choice_steps: list[ChoiceStep] = []
+        self.components: dict[str, float] = {}
+        self.termination = ""
+        self.info: dict = {}
+
+    def append(self, ids: list[int], mask: int, logprobs: list[float] | None = None):
+        self.token_ids += ids
+        self.mask += [mask] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.unfed += ids
+
+
+class RolloutEngine:
+    def __init__(self, model, tokenizer, config: RolloutConfig):
+        if config.action_mode not in ("free", "choice"):
+            raise ValueError(f"action_mode must be 'free' or 'choice', got {config.action_mode!r}")
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.chat = ChatFormat(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
+        self.device = next(model.parameters()).device
+        self.body, self.head = _lm_parts(model)
+
+    def action_candidates(self, env) -> list[list[int]]:
+        if not getattr(env, "action_names", None):
+            raise ValueError("choice mode needs an environment with action_names")
+        return [self.chat.encode(name) for name in env.action_names]
+
+    # -- the KV cache ----------------------------------------------------------------------------------
+    def _feed(self, segments: list[list[int]]) -> torch.Tensor:
+        """Append each row's segment (left-padded) to the cache; return logits at each row's last token."""
+        width = max(len(s) for s in segments)
+        ids = torch.full((len(segments), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(segments), width), dtype=torch.long)
+        for row, seg in enumerate(segments):
+            if seg:
+                ids[row, width - len(seg):] = torch.tensor(seg)
+                mask[row, width - len(seg):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        self.attn = mask if self.attn is None else torch.cat([self.attn, mask], 1)
+        pos = (self.attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
+        hidden = self.body(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
+                           use_cache=True).last_hidden_state
+        return self.head(hidden[:, -1]).float()
+
+    def _drop_rows(self, keep: list[int]):
+        index = torch.tensor(keep, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.attn = self.attn[index]
+
+    # -- acting ----------------------------------------------------------------------------------------
+    def _act_free(self, logits: torch.Tensor, episodes: list[_Episode], generator):
+        cfg = self.config
+        n = len(episodes)
+        sampled = [[] for _ in range(n)]
+        sampled_lp = [[] for _ in range(n)]
+        done = torch.zeros(n, dtype=torch.bool)
+        for step in range(cfg.max_turn_tokens):
+            token, logp = sample_from_logits(logits, cfg.temperature, cfg.top_p, generator)
+            token, logp = token.cpu(), logp.cpu()
+            for row in range(n):
+                if not done[row]:
+                    sampled[row].append(int(token[row]))
+                    sampled_lp[row].append(float(logp[row]))
+            done |= token == self.chat.eos_id
+            if bool(done.all()) or step == cfg.max_turn_tokens - 1:
+                break
+            # rows still generating feed their token; finished rows feed a masked pad
+            logits = self._feed([[] if done[r] else [sampled[r][-1]] for r in range(n)])
+        for row, ep in enumerate(episodes):
+            ep.append(sampled[row], 1, sampled_lp[row])
+            ep.unfed = sampled[row][-1:]  # everything but the last sampled token is already in the cache
+        texts = [self.tokenizer.decode([t for t in s if t != self.chat.eos_id]) for s in sampled]
+        ended = [s[-1] == self.chat.eos_id for s in sampled]
+        return texts, texts, ended, [len(s) for s in sampled]
+
+    def _act_choice(self, logits: torch.Tensor, episodes: list[_Episode], generator):
+        cfg = self.config
+        candidates = self.action_candidates(episodes[0].env)
+        scores = score_candidates(self.model, self.cache, self.attn, logits, candidates, cfg.choice_token_norm)
+        action_logp = F.log_softmax(scores / (cfg.temperature or 1.0), -1)
+        if cfg.temperature == 0:
+            chosen = action_logp.argmax(-1)
+        else:
+            chosen = torch.multinomial(action_logp.exp(), 1, generator=generator).squeeze(-1)
+        token_logp = F.log_softmax(logits, -1)
+        actions, texts = [], []
+        for row, ep in enumerate(episodes):
+            k = int(chosen[row])
+            ids = candidates[k]
+            # per-token behaviour log-probs of the chosen name are kept for inspection; the action-level
+            # log-prob (normalised over the candidates) in ChoiceStep is what enters the loss
+            first_lp = [float(token_logp[row, ids[0]])] + [0.0] * (len(ids) - 1)
+            ep.choice_steps.append(ChoiceStep(position=len(ep.token_ids), candidates=candidates, chosen=k,
+                                              logprob=float(action_logp[row, k])))
+            ep.append(ids, 1, first_lp)
+            actions.append(k)
+            texts.append(ep.env.action_names[k])
+        return actions, texts, [False] * len(episodes), [len(candidates[a]) for a in actions]
+
+    # -- the episode loop ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, envs: list, seeds: list[int], env_id: str = "", policy_version: int = 0,
+            generator: torch.Generator | None = None) -> list[Trajectory]:
+        cfg = self.config
+        self.cache, self.attn = None, None
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        episodes = [_Episode(env, seed, env_id) for env, seed in zip(envs, seeds)]
+        for ep in episodes:
+            obs, ep.info = ep.env.reset(seed=ep.seed)
+            ep.append(self.chat.prompt_ids(ep.env.system_prompt, obs), 0)
+        live = list(episodes)
+        finished: list[_Episode] = []
+        while live:
+            # the total-token cap: an episode that cannot fit one more full turn ends as truncated
+            room = [len(ep.token_ids) + cfg.max_turn_tokens <= cfg.max_total_tokens for ep in live]
+            if not all(room):
+                for ep, ok in zip(live, room):
+                    if not ok:
+                        ep.termination = "truncated"
+                        ep.info = {**ep.info, "truncated_by": "max_total_tokens"}
+                        finished.append(ep)
+                self._drop_rows([i for i, ok in enumerate(room) if ok])
+                live = [ep for ep, ok in zip(live, room) if ok]
+                if not live:
+                    break
+            t0 = time.perf_counter()
+            logits = self._feed([ep.unfed for ep in live])
+            for ep in live:
+                ep.unfed = []
+            act = self._act_free if cfg.action_mode == "free" else self._act_choice
+            actions, texts, ended_with_eos, n_tokens = act(logits, live, generator)
+            decode_s = time.perf_counter() - t0
+            keep = []
+            for row, ep in enumerate(live):
+                t1 = time.perf_counter()
+                obs, reward, terminated, truncated, info = ep.env.step(actions[row])
+                env_s = time.perf_counter() - t1
+                for name, value in info.get("reward_components", {}).items():
+                    ep.components[name] = ep.components.get(name, 0.0) + float(value)
+                capped = cfg.action_mode == "free" and not ended_with_eos[row]
+                ep.turns.append(Turn(action_text=texts[row], observation=obs, reward=float(reward),
+                                     action_valid=bool(info.get("action_valid", True)), num_action_tokens=n_tokens[row],
+                                     decode_s=decode_s, env_s=env_s, truncated_tokens=capped))
+                ep.info = info
+                if terminated or truncated:
+                    ep.termination = info.get("termination", "truncated" if truncated else "failure")
+                    finished.append(ep)
+                else:
+                    keep.append(row)
+                    segment = self.chat.next_turn_ids(obs, action_ended_with_eos=ended_with_eos[row])
+                    ep.append(segment, 0)  # queued behind the action's unfed tokens
+            if len(keep) < len(live):
+                if keep:
+                    self._drop_rows(keep)
+                live = [live[i] for i in keep]
+        self.cache, self.attn = None, None
+        order = {id(ep): i for i, ep in enumerate(episodes)}
+        finished.sort(key=lambda ep: order[id(ep)])
+        return [self._record(ep, policy_version) for ep in finished]
+
+    def _record(self, ep: _Episode, policy_version: int) -> Trajectory:
+        first_policy = next((i for i, m in enumerate(ep.mask) if m), len(ep.mask))
+        return Trajectory(
+            token_ids=ep.token_ids, source_mask=ep.mask, behavior_logprobs=ep.logprobs,
+            policy_version=policy_version, turns=ep.turns, rewards=ep.components,
+            return_=sum(t.reward for t in ep.turns), termination=ep.termination or "failure",
+            env_version=str(ep.info.get("env_version", getattr(ep.env, "env_version", ""))),
+            task_id=str(ep.info.get("task_id", "")), seed=int(ep.seed), env_id=ep.env_id,
+            prompt_length=first_policy, choice_steps=ep.choice_steps,
+            extra={k: ep.info[k] for k in ("truncated_by",) if k in ep.info},
+        )
+
+
+@dataclass
+class UnitBatch:
+    """Per policy unit (free: sampled token; choice: action), padded to [B, U]."""
+
+    logprobs: torch.Tensor  # current policy log-prob of the unit
+    entropy: torch.Tensor  # entropy of the distribution the unit was drawn from
+    mask: torch.Tensor  # 1 where a unit exists
+
+
+def behavior_units(trajs: list[Trajectory], action_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Behaviour log-probs per policy unit, padded [B, U], and the unit mask."""
+    rows = [[c.logprob for c in t.choice_steps] if action_mode == "choice"
+            else [lp for lp, m in zip(t.behavior_logprobs, t.source_mask) if m] for t in trajs]
+    width = max(1, max(len(r) for r in rows))
+    out = torch.zeros(len(rows), width)
+    mask = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return out, mask
+
+
+def _branch_layout(trajs: list[Trajectory]):
+    """Where each multi-token candidate's tokens go when appended after an episode's own tokens.
+
+    For choice step s (prefix length p) and candidate k, tokens 1..m-1 of the candidate are appended
+    with positions p .. p+m-2 and may attend only to the episode's first p tokens and to the earlier
+    tokens of the same candidate (tree attention), so one forward scores every candidate of every step.
+    Returns, per episode, a list of (step, k, start, n) with `start` the index of the first appended token.
+    """
+    layout = []
+    for t in trajs:
+        rows, cursor = [], len(t.token_ids)
+        for s_idx, step in enumerate(t.choice_steps):
+            for k, cand in enumerate(step.candidates):
+                rows.append((s_idx, k, cursor, len(cand) - 1))
+                cursor += len(cand) - 1
+        layout.append(rows)
+    return layout
+
+
+def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperature: float = 1.0,
+                    choice_token_norm: bool = False) -> UnitBatch:
+    """One packed forward over the records (right-padded), log-probs and entropies at the policy units.
+
+    The LM head runs only at the positions that predict a policy token, not over the whole sequence.
+    In choice mode with multi-token action names, the candidates' tokens are appended to each episode
+    with a tree-shaped 4-D attention mask (see `_branch_layout`), still one forward.
+    """
+    device = next(model.parameters()).device
+    body, head = _lm_parts(model)
+    temp = temperature or 1.0
+    multi = action_mode == "choice" and any(len(c) > 1 for t in trajs for s in t.choice_steps[:1] for c in s.candidates)
+    layout = _branch_layout(trajs) if multi else [[] for _ in trajs]
+    lengths = [len(t.token_ids) + sum(n for *_, n in rows) for t, rows in zip(trajs, layout)]
+    width = max(lengths)
+    ids = torch.zeros((len(trajs), width), dtype=torch.long)
+    pos = torch.zeros_like(ids)
+    for i, (t, rows) in enumerate(zip(trajs, layout)):
+        ids[i, : len(t.token_ids)] = torch.tensor(t.token_ids)
+        pos[i, : len(t.token_ids)] = torch.arange(len(t.token_ids))
+        for s_idx, k, start, n in rows:
+            p = t.choice_steps[s_idx].position
+            ids[i, start: start + n] = torch.tensor(t.choice_steps[s_idx].candidates[k][:-1])
+            pos[i, start: start + n] = torch.arange(p, p + n)
+    if multi:
+        allowed = torch.zeros((len(trajs), 1, width, width), dtype=torch.bool)
+        for i, (t, rows) in enumerate(zip(trajs, layout)):
+            n_base = len(t.token_ids)
+            allowed[i, 0, :n_base, :n_base] = torch.tril(torch.ones(n_base, n_base, dtype=torch.bool))
+            for s_idx, _, start, n in rows:
+                p = t.choice_steps[s_idx].position
+                allowed[i, 0, start: start + n, :p] = True
+                allowed[i, 0, start: start + n, start: start + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            allowed[i, 0, lengths[i]:, 0] = True  # padding rows attend somewhere (their output is unused)
+        attention_mask = allowed.to(device)
+    else:
+        attention_mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long().to(device)
+    ids, pos = ids.to(device), pos.to(device)
+    hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+    rows_lp, rows_ent = [], []
+    for i, t in enumerate(trajs):
+        if action_mode == "choice" and not t.choice_steps:
+            lp, ent = [], []
+        elif action_mode == "choice":
+            # an episode's steps share one candidate list: the environment's action names
+            steps, candidates = t.choice_steps, t.choice_steps[0].candidates
+            positions = torch.tensor([s.position for s in steps], device=device)
+            first_logp = F.log_softmax(head(hidden[i, positions - 1]).float(), -1)
+            scores = first_logp[:, [c[0] for c in candidates]]  # [S, K]
+            if multi:
+                extra = torch.zeros_like(scores)
+                for s_idx, k, start, n in layout[i]:
+                    if n:
+                        logp = F.log_softmax(head(hidden[i, start: start + n]).float(), -1)
+                        target = torch.tensor(candidates[k][1:], device=device)
+                        extra[s_idx, k] = logp.gather(-1, target[:, None]).sum()
+                scores = scores + extra
+            if choice_token_norm:
+                scores = scores / torch.tensor([len(c) for c in candidates], device=device, dtype=scores.dtype)
+            action_logp = F.log_softmax(scores / temp, -1)
+            chosen = torch.tensor([s.chosen for s in steps], device=device)
+            lp = list(action_logp.gather(-1, chosen[:, None]).squeeze(-1).unbind())
+            ent = list((-(action_logp.exp() * action_logp).sum(-1)).unbind())
+        else:
+            positions = torch.tensor([j for j, m in enumerate(t.source_mask) if m], device=device)
+            logits = head(hidden[i, positions - 1]).float() / temp
+            logp_all = F.log_softmax(logits, -1)
+            lp = list(logp_all.gather(-1, ids[i, positions][:, None]).squeeze(-1).unbind())
+            ent = list((-(logp_all.exp() * logp_all).sum(-1)).unbind())
+        rows_lp.append(lp)
+        rows_ent.append(ent)
+    units = max(1, max(len(r) for r in rows_lp))
+    zero = hidden.new_zeros(())
+    pad = lambda r: torch.stack(list(r) + [zero] * (units - len(r)))  # noqa: E731
+    mask = torch.tensor([[1.0] * len(r) + [0.0] * (units - len(r)) for r in rows_lp], device=device)
+    return UnitBatch(torch.stack([pad(r) for r in rows_lp]), torch.stack([pad(r) for r in rows_ent]), mask)

@@ -1,0 +1,340 @@
+"""Tests for envs/: the text-env contract, the seed-003 GridWorld, its procedural variant, the registry."""
+
+import hashlib
+import random
+import warnings
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs
+from envs.base import REWARD_COMPONENTS, TERMINATIONS, TextEnv
+from envs.gridworld import (
+    SEED003_LAYOUT,
+    GridWorldEnv,
+    Layout,
+    ProceduralGridWorldEnv,
+    layout_split,
+    procedural_layout,
+    shortest_path_length,
+)
+
+SEED_GRID = "\n".join(SEED003_LAYOUT)
+INVALID_ACTIONS = ["jump", "", "🙂", "upward", "@@##", 7, -1, None, 2.0, True, ["up"]]
+
+
+def play(env, actions):
+    """Step until the episode ends or actions run out; returns the list of step results."""
+    results = []
+    for action in actions:
+        results.append(env.step(action))
+        if results[-1][2] or results[-1][3]:
+            break
+    return results
+
+
+def test_seed003_layout_renders_exactly_at_reset():
+    env = envs.make("gridworld")
+    obs, info = env.reset(seed=0)
+    assert obs == "Step 0/20. Resources 0/2. You are A.\n..R....G\n.WW.....\nA...R...\n..W...G."
+    assert env.render() == "..R....G\n.WW.....\nA...R...\n..W...G."
+    assert info == {"env_version": "gridworld-1.0", "task_id": "gridworld/seed003"}
+    assert Layout(SEED003_LAYOUT).start == (2, 0)
+    # The seed never changes the fixed layout.
+    assert env.reset(seed=12345)[0] == obs
+
+
+def test_system_prompt_states_the_rules():
+    prompt = envs.make("gridworld").system_prompt
+    for needle in ("A", "R", "+1", "G", "+3", "W", "Row 0 is the top", "20 steps",
+                   "Reply with exactly one word: up, down, left or right."):
+        assert needle in prompt
+
+
+def test_bfs_optimum_on_seed_layout():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    assert shortest_path_length(SEED003_LAYOUT) == 11
+    assert env.optimal_steps() == 11
+    assert env.optimal_return() == pytest.approx(2 + 3 - 0.05 * 11)
+
+
+def test_following_bfs_policy_reaches_goal_optimally():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    steps, total = 0, 0.0
+    while True:
+        obs, reward, terminated, truncated, info = env.step(env.optimal_action())
+        steps, total = steps + 1, total + reward
+        if terminated or truncated:
+            break
+    assert steps == 11 and terminated and not truncated
+    assert info["termination"] == "success"
+    assert total == pytest.approx(4.45)
+    assert obs.startswith("You moved right and reached the goal.\nStep 11/20. Resources 2/2.")
+    assert obs.endswith(".......G\n.WW.....\n........\n..W...A.")  # both resources removed
+
+
+def test_reward_components_sum_to_reward_and_info_keys():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    rng = random.Random(0)
+    for _ in range(20):
+        action = rng.choice(["up", "down", "left", "right", "jump"])
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert set(info["reward_components"]) == set(REWARD_COMPONENTS)
+        assert reward == sum(info["reward_components"].values())
+        assert info["reward_components"]["safety"] == 0.0
+        assert info["reward_components"]["cost"] == pytest.approx(-0.05)
+        for key in ("env_version", "task_id", "invalid_actions", "action_valid"):
+            assert key in info
+        assert ("termination" in info) == (terminated or truncated)
+        if terminated or truncated:
+            assert info["termination"] in TERMINATIONS
+            break
+
+
+def test_resource_and_goal_components():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    *_, (obs, reward, _, _, info) = play(env, ["up", "up", "right", "right"])
+    assert info["reward_components"]["progress"] == 1.0 and reward == pytest.approx(0.95)
+    assert "collected a resource" in obs and "Resources 1/2" in obs
+    # Walking back over the collected cell gives nothing more.
+    play(env, ["left"])
+    _, reward, *_ = env.step("right")
+    assert reward == pytest.approx(-0.05)
+
+
+@pytest.mark.parametrize("action", INVALID_ACTIONS)
+def test_invalid_action_penalty_rule(action):
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert obs.startswith("Invalid action. Reply with one of: up, down, left, right.")
+    assert "Step 1/20" in obs and "\nA...R..." in obs  # a step consumed, nothing moved
+    assert info["action_valid"] is False and info["invalid_actions"] == 1
+    assert info["reward_components"]["format"] == pytest.approx(-0.1)
+    assert reward == pytest.approx(-0.15)
+    assert not terminated and not truncated
+    env.step(action)
+    assert env.step("up")[4]["invalid_actions"] == 2
+
+
+def test_invalid_action_end_rule():
+    env = envs.make("gridworld", invalid_action_rule="end")
+    env.reset(seed=0)
+    env.step("up")
+    obs, reward, terminated, truncated, info = env.step("fly away")
+    assert terminated and not truncated
+    assert info["termination"] == "invalid_action" and info["invalid_actions"] == 1
+    # The cost component charges the 19 steps left, so quitting never beats playing on.
+    assert info["reward_components"]["cost"] == pytest.approx(-0.05 * 19)
+    assert reward == pytest.approx(-0.1 - 0.05 * 19)
+    with pytest.raises(RuntimeError):
+        env.step("up")
+
+
+def test_walls_and_edges_block():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    obs, reward, _, _, info = env.step("left")
+    assert obs.startswith("Blocked: edge.") and "\nA...R..." in obs
+    assert info["action_valid"] and reward == pytest.approx(-0.05)
+    play(env, ["right", "right"])  # to (2, 2), below the wall at (1, 2)
+    obs, *_ = env.step("up")
+    assert obs.startswith("Blocked: wall.") and "\n..A.R..." in obs
+    obs, *_ = env.step("down")  # (3, 2) is a wall too
+    assert obs.startswith("Blocked: wall.")
+
+
+def test_step_limit_truncates():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    results = play(env, ["left"] * 25)
+    assert len(results) == 20
+    obs, reward, terminated, truncated, info = results[-1]
+    assert truncated and not terminated and info["termination"] == "truncated"
+    assert "Step 20/20" in obs
+    assert all("termination" not in r[4] for r in results[:-1])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("I move right.", 3), ("Action: UP", 0), ("  down\n", 1), ("(left)", 2), ("'Right'!", 3),
+    ("go up, then left", 0), ("upward", None), ("rightmost", None), ("setup", None), ("markup, then left", 2),
+    ("", None), ("🙂", None), ("jump", None),
+])
+def test_parse_action(text, expected):
+    assert GridWorldEnv().parse_action(text) == expected
+
+
+@pytest.mark.parametrize("env_id", ["gridworld", "gridworld-procedural"])
+def test_same_seed_same_trajectory(env_id):
+    rng = random.Random(1)
+    actions = [rng.choice(["up", "down", "left", "right", 0, 1, 2, 3, "??"]) for _ in range(20)]
+    runs = []
+    for _ in range(2):
+        env = envs.make(env_id)
+        runs.append([env.reset(seed=7)] + play(env, actions))
+    assert repr(runs[0]) == repr(runs[1])
+
+
+def test_snapshot_restore_branches_independently():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    play(env, ["up", "up", "right"])
+    snap = env.snapshot()
+    branch_a = play(env, ["right", "right", "down"])  # collects R(0,2)
+    env.restore(snap)
+    branch_b = play(env, ["down", "down"])
+    assert "Resources 0/2" in branch_b[-1][0] and "Step 5/20" in branch_b[-1][0]
+    env.restore(snap)
+    assert repr(play(env, ["right", "right", "down"])) == repr(branch_a)
+    # Restoring into a second env reproduces the same future from the same snapshot.
+    other = envs.make("gridworld")
+    other.restore(snap)
+    assert repr(play(other, ["right", "right", "down"])) == repr(branch_a)
+    assert env.optimal_action(snap) == other.optimal_action(snap)
+
+
+def test_procedural_snapshot_keeps_layout_and_rng():
+    env = envs.make("gridworld-procedural")
+    env.reset(seed=3)
+    snap = env.snapshot()
+    first_obs, first_info = env.reset()  # unseeded reset draws the layout from env.np_random
+    env.reset(seed=99)
+    env.restore(snap)
+    assert env.task_id == f"gridworld-procedural/{snap['layout'].digest[:10]}"
+    assert env.reset() == (first_obs, first_info)
+
+
+def test_procedural_splits_disjoint_solvable_deterministic():
+    layouts = {}
+    for split in ("train", "test"):
+        env = ProceduralGridWorldEnv(split=split)
+        layouts[split] = set()
+        for seed in range(200):
+            obs, info = env.reset(seed=seed)
+            layout = env._layout
+            is_test = int(hashlib.sha1(layout.text.encode()).hexdigest(), 16) % 5 == 0
+            assert layout_split(layout) == split == ("test" if is_test else "train")
+            assert info["task_id"] == f"gridworld-procedural/{layout.digest[:10]}"
+            steps = shortest_path_length(layout)
+            assert steps is not None and steps <= env.max_steps
+            assert [len(row) for row in layout.grid] == [8] * 4
+            assert len(layout.resources) == 2 and 1 <= len(layout.goals) <= 2 and 4 <= len(layout.walls) <= 6
+            layouts[split].add(layout.grid)
+        assert len(layouts[split]) > 150  # genuinely varied
+    assert not layouts["train"] & layouts["test"]
+    procedural_layout.cache_clear()
+    env = ProceduralGridWorldEnv(split="test")
+    assert env.reset(seed=5) == env.reset(seed=5)
+
+
+def test_procedural_bfs_policy_is_optimal():
+    env = ProceduralGridWorldEnv(split="train")
+    for seed in range(30):
+        env.reset(seed=seed)
+        best, total = env.optimal_return(), 0.0
+        while True:
+            _, reward, terminated, truncated, info = env.step(env.optimal_action())
+            total += reward
+            if terminated or truncated:
+                break
+        assert info["termination"] == "success"
+        assert total == pytest.approx(best)
+
+
+def test_procedural_kwargs():
+    env = envs.make("gridworld-procedural", rows=5, cols=6, n_resources=3, max_steps=30)
+    obs, _ = env.reset(seed=0)
+    assert obs.splitlines()[0] == "Step 0/30. Resources 0/3. You are A."
+    assert [len(row) for row in obs.splitlines()[1:]] == [6] * 5
+    with pytest.raises(ValueError):
+        ProceduralGridWorldEnv(split="validation")
+
+
+def test_gymnasium_env_checker_passes():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for env_id in ("gridworld", "gridworld-procedural"):
+            env = envs.make(env_id, render_mode="ansi")
+            check_env(env, skip_render_check=False)
+            assert env.action_space.n == 4 and env.action_names == ["up", "down", "left", "right"]
+
+
+def test_make_unknown_id_lists_valid_ids():
+    with pytest.raises(ValueError) as excinfo:
+        envs.make("gridwrold")
+    message = str(excinfo.value)
+    assert "gridworld" in message and "gridworld-procedural" in message and "package.module:Factory" in message
+
+
+def test_make_entry_points():
+    env = envs.make("envs.gridworld:GridWorldEnv", max_steps=5)
+    assert isinstance(env, GridWorldEnv) and env.max_steps == 5
+    for bad in ("no_such_module_xyz:Env", "envs.gridworld:NoSuchFactory", "envs.gridworld:", ":Env"):
+        with pytest.raises(ValueError):
+            envs.make(bad)
+    with pytest.raises(TypeError):
+        envs.make("envs.gridworld:shortest_path_length", layout=SEED003_LAYOUT)
+
+
+def test_register_custom_id():
+    env_id = "tiny-corridor-test"
+    envs.register(env_id, lambda **kw: GridWorldEnv(layout=("S.RG",), **kw))
+    assert env_id in envs.registered_ids()
+    env = envs.make(env_id, max_steps=4)
+    assert isinstance(env, TextEnv)
+    obs, info = env.reset(seed=0)
+    assert info["task_id"].startswith("gridworld/") and obs.endswith("A.RG")
+    assert env.optimal_steps() == 3 and env.optimal_return() == pytest.approx(1 + 3 - 0.15)
+    with pytest.raises(ValueError):
+        envs.register(env_id, GridWorldEnv)
+
+
+def test_optimal_return_prefers_resources_over_an_early_goal():
+    # The goal is one step away, but the resource two steps the other way is worth the detour.
+    layout = ("RS.G",)
+    assert shortest_path_length(layout) == 4
+    env = GridWorldEnv(layout=layout)
+    env.reset(seed=0)
+    assert env.optimal_action() == 2  # left, toward R
+    assert env.optimal_return() == pytest.approx(1 + 3 - 0.05 * 4)
+    # With too few steps for the detour, heading straight to the goal is optimal.
+    short = GridWorldEnv(layout=layout, max_steps=3)
+    short.reset(seed=0)
+    assert short.optimal_action() == 3 and short.optimal_return() == pytest.approx(3 - 0.1)
+
+
+def test_unreachable_goal_optimum_counts_every_step_until_truncation():
+    env = GridWorldEnv(layout=("R.S.....G",), max_steps=4)
+    env.reset(seed=0)
+    assert env.optimal_action() == 2 and env.optimal_return() == pytest.approx(1 - 0.05 * 4)
+    results = play(env, [env.optimal_action() for _ in range(2)] + ["left"] * 2)
+    assert sum(r[1] for r in results) == pytest.approx(1 - 0.05 * 4)
+    assert results[-1][4]["termination"] == "truncated"
+
+
+def test_goals_end_the_episode_so_paths_cannot_cross_them():
+    assert shortest_path_length(("SGR",)) is None
+    env = GridWorldEnv(layout=("SGR",))
+    env.reset(seed=0)
+    assert env.optimal_return() == pytest.approx(3 - 0.05)
+
+
+def test_index_actions():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(np.int64(0))
+    assert info["action_valid"] and info["action_index"] == 0
+    env.step(0)
+    obs, *_ = env.step(3)
+    assert obs.startswith("You moved right.") and "\n.AR....G\n" in obs
+
+
+def test_layout_validation():
+    for bad in [("S..", "S.G"), ("S.X.G",), ("S..",), ("S.G", "..")]:
+        with pytest.raises(ValueError):
+            Layout(bad)
