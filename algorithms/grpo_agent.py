@@ -73,9 +73,9 @@ class Args:
     """where run directories are created"""
 
     # Algorithm specific arguments
-    total_iterations: int = 20
+    total_iterations: int = 25
     """number of GRPO iterations (rollout + update)"""
-    num_groups: int = 2
+    num_groups: int = 1
     """tasks (environment seeds) per iteration, per process"""
     group_size: int = 8
     """episodes per task: the G of eq. 12.18"""
@@ -86,9 +86,9 @@ class Args:
     learning_rate: float = 3e-5
     """AdamW learning rate"""
     trainable_layers: int = 6
-    """train only the top N transformer layers (0 = the whole model); fewer is faster on CPU"""
-    update_epochs: int = 2
-    """optimisation epochs over each batch (epoch 1 is on-policy; later epochs make the clip matter)"""
+    """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
+    update_epochs: int = 1
+    """optimisation epochs over each batch (as in DeepSeekMath, 1: on-policy, ratio = 1; >1 makes the clip matter)"""
     micro_batch_size: int = 4
     """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
     clip_eps_low: float = 0.2
@@ -129,6 +129,16 @@ class Args:
     """number of processes (torchrun)"""
     batch_size: tyro.conf.Suppress[int] = 0
     """episodes per iteration over all processes: num_groups * group_size * world_size"""
+
+
+# read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
+SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "1", "--eval-episodes", "2"]
+LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
+               "losses/policy_loss", "losses/entropy", "losses/kl", "diagnostics/clip_fraction_low",
+               "diagnostics/clip_fraction_high", "diagnostics/ratio_mean", "diagnostics/advantage_std",
+               "diagnostics/zero_variance_groups", "diagnostics/logprob_mismatch", "diagnostics/policy_lag",
+               "perf/rollout_tokens_per_s", "perf/env_steps_per_s", "perf/rollout_s", "perf/update_s",
+               "eval/success_rate", "eval/episodic_return")
 
 
 def validate_args(args: Args):
@@ -247,7 +257,7 @@ if __name__ == "__main__":
     sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
     py_rng = random.Random(rank_seed)
 
-    if args.trainable_layers > 0:
+    if 0 < args.trainable_layers < len(model.get_decoder().layers):
         model.requires_grad_(False)
         for layer in model.get_decoder().layers[-args.trainable_layers:]:
             layer.requires_grad_(True)

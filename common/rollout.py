@@ -166,7 +166,7 @@ class RolloutEngine:
         return self.head(hidden[:, -1]).float()
 
     def _drop_rows(self, keep: list[int]):
-        index = torch.tensor(keep, device=self.device)
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(index)
         self.attn = self.attn[index]
 
@@ -230,24 +230,18 @@ class RolloutEngine:
 
         self.cache = DynamicCache()
         episodes = [_Episode(env, seed, env_id) for env, seed in zip(envs, seeds)]
+        max_action = cfg.max_turn_tokens
+        if cfg.action_mode == "choice":
+            max_action = max(len(c) for c in self.action_candidates(envs[0]))
         for ep in episodes:
             obs, ep.info = ep.env.reset(seed=ep.seed)
             ep.append(self.chat.prompt_ids(ep.env.system_prompt, obs), 0)
+            if len(ep.token_ids) + max_action > cfg.max_total_tokens:
+                raise ValueError(f"max_total_tokens={cfg.max_total_tokens} cannot hold the first prompt "
+                                 f"({len(ep.token_ids)} tokens) and one action")
         live = list(episodes)
         finished: list[_Episode] = []
         while live:
-            # the total-token cap: an episode that cannot fit one more full turn ends as truncated
-            room = [len(ep.token_ids) + cfg.max_turn_tokens <= cfg.max_total_tokens for ep in live]
-            if not all(room):
-                for ep, ok in zip(live, room):
-                    if not ok:
-                        ep.termination = "truncated"
-                        ep.info = {**ep.info, "truncated_by": "max_total_tokens"}
-                        finished.append(ep)
-                self._drop_rows([i for i, ok in enumerate(room) if ok])
-                live = [ep for ep, ok in zip(live, room) if ok]
-                if not live:
-                    break
             t0 = time.perf_counter()
             logits = self._feed([ep.unfed for ep in live])
             for ep in live:
@@ -270,10 +264,16 @@ class RolloutEngine:
                 if terminated or truncated:
                     ep.termination = info.get("termination", "truncated" if truncated else "failure")
                     finished.append(ep)
-                else:
-                    keep.append(row)
-                    segment = self.chat.next_turn_ids(obs, action_ended_with_eos=ended_with_eos[row])
-                    ep.append(segment, 0)  # queued behind the action's unfed tokens
+                    continue
+                segment = self.chat.next_turn_ids(obs, action_ended_with_eos=ended_with_eos[row])
+                if len(ep.token_ids) + len(segment) + max_action > cfg.max_total_tokens:
+                    # the total-token cap: the next observation plus a full action would not fit
+                    ep.termination = "truncated"
+                    ep.info = {**info, "truncated_by": "max_total_tokens"}
+                    finished.append(ep)
+                    continue
+                ep.append(segment, 0)  # queued behind the action's unfed tokens
+                keep.append(row)
             if len(keep) < len(live):
                 if keep:
                     self._drop_rows(keep)

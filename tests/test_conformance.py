@@ -1,0 +1,117 @@
+"""One contract for every script in algorithms/: the moment a new algorithm lands, these tests hold it to it.
+
+Each script declares, as module-level literals:
+  SMOKE_TEST_ARGS: flags that make a `--model tiny` run take a few seconds;
+  LOGGED_TAGS:     the TensorBoard scalar tags such a run writes (from the shared tag set).
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.models import load_model
+from common.tracking import read_scalars
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "algorithms").glob("*.py"))
+COMMON_FIELDS = ["exp_name", "seed", "torch_deterministic", "device", "save_model", "model", "env_id", "output_dir"]
+SHARED_PREFIXES = ("charts/", "losses/", "diagnostics/", "perf/", "eval/")
+
+
+def module_literal(path: Path, name: str):
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path.name} must define {name} as a module-level literal")
+
+
+def args_fields(path: Path) -> dict[str, bool]:
+    """Field name -> has a docstring, for the `Args` dataclass."""
+    (cls,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
+    fields, body = {}, cls.body
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            nxt = body[i + 1] if i + 1 < len(body) else None
+            fields[node.target.id] = isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
+    return fields
+
+
+def run_script(path: Path, tmp_path: Path, *extra: str, timeout=300):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(path), "--model", "tiny", "--output-dir", str(tmp_path), *module_literal(path, "SMOKE_TEST_ARGS"),
+           *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    runs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    return runs[-1]
+
+
+def test_there_are_scripts():
+    assert SCRIPTS, "algorithms/ is empty"
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_file_header_imports_and_args(path):
+    text = path.read_text()
+    first = text.splitlines()[0]
+    assert first == f"# docs: docs/{path.stem}.md", "line 1 links the docs page"
+    assert (ROOT / "docs" / f"{path.stem}.md").exists()
+    tree = ast.parse(text)
+    assert ast.get_docstring(tree) and "Usage:" in ast.get_docstring(tree)
+    for node in ast.walk(tree):  # copy-out contract: common/ and envs/ only, never another algorithm
+        if isinstance(node, ast.ImportFrom) and node.module:
+            assert not node.module.startswith("algorithms"), node.module
+        if isinstance(node, ast.Import):
+            assert not any(a.name.startswith("algorithms") for a in node.names)
+    fields = args_fields(path)
+    for name in COMMON_FIELDS:
+        assert name in fields, f"Args lacks the common field {name}"
+    assert all(fields.values()), f"fields without a docstring: {[k for k, v in fields.items() if not v]}"
+    assert len(text.splitlines()) < 600, "keep an algorithm file readable end to end"
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_help_reads_well(path):
+    proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for flag in ["--seed", "--model", "--env-id", "--device", "--exp-name", "--save-model", "--no-save-model"]:
+        assert flag in out, flag
+    assert "--world-size" not in out and "--batch-size" not in out  # derived values are hidden from the CLI
+    assert "the name of this experiment" in out  # field docstrings become the help text
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_bad_flags_fail_fast_with_a_message(path, tmp_path):
+    for bad in (["--seed", "abc"], ["--env-id", "no-such-env"], ["--device", "cuda:7"] if not torch.cuda.is_available() else []):
+        if not bad:
+            continue
+        proc = subprocess.run([sys.executable, str(path), "--model", "tiny", "--output-dir", str(tmp_path), *bad],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert bad[0].lstrip("-") in (proc.stderr + proc.stdout).replace("_", "-"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_smoke_run_tags_reproducibility_and_checkpoint(path, tmp_path):
+    tags = module_literal(path, "LOGGED_TAGS")
+    assert tags and all(t.startswith(SHARED_PREFIXES) for t in tags)
+    first = run_script(path, tmp_path / "a", "--seed", "3", "--save-model")
+    second = run_script(path, tmp_path / "b", "--seed", "3")
+    scalars_a, scalars_b = read_scalars(first), read_scalars(second)
+    missing = [t for t in tags if t not in scalars_a]
+    assert not missing, f"claimed tags not written: {missing}"
+    # the same seed gives the same numbers on CPU: the first logged loss, bit for bit
+    loss_tag = next(t for t in tags if t.startswith("losses/"))
+    assert scalars_a[loss_tag][0] == scalars_b[loss_tag][0]
+    assert (first / "hyperparameters.json").exists() or (first / "args.json").exists()
+    # --save-model writes a checkpoint that loads and runs
+    model, tok = load_model(str(first / "model"), "cpu")
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([tok.encode("up")]))
+    assert torch.isfinite(out.logits).all()

@@ -1,0 +1,167 @@
+"""The rollout engine and the trainer-side scoring: token-in/token-out records, masks, KV cache, choice mode."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import envs
+from common.chat import ChatFormat
+from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs, sample_from_logits
+
+
+def run(model_tok, mode, n=3, seed=0, **cfg):
+    model, tok = model_tok
+    engine = RolloutEngine(model, tok, RolloutConfig(action_mode=mode, **cfg))
+    trajs = engine.run([envs.make("gridworld") for _ in range(n)], list(range(n)), "gridworld",
+                       generator=torch.Generator().manual_seed(seed))
+    for t in trajs:
+        t.validate()
+    return engine, trajs
+
+
+def conversation(env_system, traj):
+    """The chat messages an episode amounts to: system, first observation, then action/observation pairs."""
+    env = envs.make("gridworld")
+    first_obs, _ = env.reset(seed=traj.seed)
+    msgs = [{"role": "system", "content": env_system}, {"role": "user", "content": first_obs}]
+    for turn in traj.turns[:-1]:  # the last observation is never fed to the model
+        msgs += [{"role": "assistant", "content": turn.action_text}, {"role": "user", "content": turn.observation}]
+    return msgs
+
+
+@pytest.fixture(scope="module")
+def free_rollout(tiny):
+    return run(tiny, "free", max_turn_tokens=6)
+
+
+def test_source_mask_covers_exactly_the_sampled_tokens(tiny, free_rollout):
+    model, tok = tiny
+    engine, trajs = free_rollout
+    env = envs.make("gridworld")
+    for traj in trajs:
+        assert len(traj.turns) == 20  # a random tiny model never reaches the goal: all 20 turns played
+        # the mask-1 spans are exactly the per-turn actions, in order, as sampled (text + end of turn)
+        spans = traj.policy_token_spans()
+        assert len(spans) == len(traj.turns)
+        for (start, end), turn in zip(spans, traj.turns):
+            assert end - start == turn.num_action_tokens
+            sampled = traj.token_ids[start:end]
+            assert tok.decode([t for t in sampled if t != engine.chat.eos_id]) == turn.action_text
+        # and everything else is prompt, template or observation: the whole sequence renders exactly as
+        # the tokenizer's chat template renders the conversation, with the last action's end appended
+        text = tok.decode(traj.token_ids)
+        expected = tok.apply_chat_template(conversation(env.system_prompt, traj), tokenize=False, add_generation_prompt=True)
+        expected += traj.turns[-1].action_text
+        assert text.startswith(expected)
+        # every observation's text sits in the mask-0 part
+        masked_text = tok.decode([t for t, m in zip(traj.token_ids, traj.source_mask) if m == 0])
+        for turn in traj.turns[:-1]:
+            assert turn.observation in masked_text
+        assert all(lp == 0.0 for lp, m in zip(traj.behavior_logprobs, traj.source_mask) if m == 0)
+        assert all(lp < 0.0 for lp, m in zip(traj.behavior_logprobs, traj.source_mask) if m == 1)
+
+
+def test_kv_cache_logprobs_equal_full_reencode(tiny, free_rollout):
+    """Batched, padded, cached rollout == each sequence encoded alone, token by token."""
+    model, _ = tiny
+    _, trajs = free_rollout
+    for traj in trajs:
+        ids = torch.tensor([traj.token_ids])
+        with torch.no_grad():
+            logp = F.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        for j, (tok_id, m) in enumerate(zip(traj.token_ids, traj.source_mask)):
+            if m:
+                assert traj.behavior_logprobs[j] == pytest.approx(logp[j - 1, tok_id].item(), abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["free", "choice"])
+def test_trainer_logprobs_match_behaviour_logprobs(tiny, mode):
+    model, _ = tiny
+    _, trajs = run(tiny, mode, n=4, seed=3, max_turn_tokens=6, choice_token_norm=True)
+    with torch.no_grad():
+        units = policy_logprobs(model, trajs, mode, choice_token_norm=True)
+    behaviour, mask = behavior_units(trajs, mode)
+    assert torch.equal(units.mask.cpu(), mask)
+    assert ((units.logprobs - behaviour).abs() * mask).max().item() < 1e-4
+    # entropy is the distribution's, not the sampled unit's NLL: bounded by log(#choices) in choice mode
+    if mode == "choice":
+        assert (units.entropy[mask.bool()] <= torch.log(torch.tensor(4.0)) + 1e-5).all()
+    assert not torch.allclose(units.entropy[mask.bool()], -units.logprobs[mask.bool()])
+
+
+def test_choice_mode_matches_direct_per_action_scoring(tiny):
+    """Each step's stored action log-prob equals an independent full forward of prompt + each action name."""
+    model, tok = tiny
+    engine, trajs = run(tiny, "choice", n=2, seed=5, choice_token_norm=True)
+    names = envs.make("gridworld").action_names
+    cand = [engine.chat.encode(n) for n in names]
+    for traj in trajs:
+        for step in traj.choice_steps[:5]:
+            prefix = traj.token_ids[: step.position]
+            scores = []
+            for ids in cand:
+                with torch.no_grad():
+                    logp = F.log_softmax(model(input_ids=torch.tensor([prefix + ids])).logits[0].float(), -1)
+                joint = sum(logp[len(prefix) - 1 + j, t].item() for j, t in enumerate(ids))
+                scores.append(joint / len(ids))  # TWOSOME token-count normalisation
+            dist = F.log_softmax(torch.tensor(scores), -1)
+            assert dist.exp().sum().item() == pytest.approx(1.0, abs=1e-6)
+            assert step.logprob == pytest.approx(dist[step.chosen].item(), abs=1e-4)
+            assert traj.token_ids[step.position: step.position + len(cand[step.chosen])] == cand[step.chosen]
+        # choice mode can never produce an invalid action
+        assert traj.invalid_actions == 0
+
+
+def test_per_turn_cap_is_recorded_not_silently_cut(tiny):
+    _, trajs = run(tiny, "free", n=2, max_turn_tokens=2)
+    engine = RolloutEngine(*tiny, RolloutConfig())
+    for traj in trajs:
+        capped = [t for t in traj.turns if t.truncated_tokens]
+        assert capped, "a 2-token cap must cut some byte-level replies"
+        # a cut reply gets its end-of-turn token from the template, as a masked (non-policy) token
+        for (start, end), turn in zip(traj.policy_token_spans(), traj.turns):
+            if turn.truncated_tokens and end < len(traj.token_ids):
+                assert traj.token_ids[end] == engine.chat.eos_id and traj.source_mask[end] == 0
+
+
+def test_total_token_cap_ends_episode_as_truncated(tiny):
+    _, trajs = run(tiny, "choice", n=2, max_total_tokens=900)
+    for traj in trajs:
+        assert traj.termination == "truncated" and traj.extra["truncated_by"] == "max_total_tokens"
+        assert len(traj.token_ids) <= 900
+        assert len(traj.turns) < 20
+
+
+def test_same_seed_same_rollout(tiny):
+    _, a = run(tiny, "free", n=2, seed=11, max_turn_tokens=4)
+    _, b = run(tiny, "free", n=2, seed=11, max_turn_tokens=4)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert [t.behavior_logprobs for t in a] == [t.behavior_logprobs for t in b]
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]] * 200)
+    token, logp = sample_from_logits(logits, temperature=1.0, top_p=0.5, generator=torch.Generator().manual_seed(0))
+    assert (token == 0).all()  # the top token alone holds > 50% of the mass
+    assert torch.allclose(logp, F.log_softmax(logits, -1)[:, 0])  # log-prob under the untruncated distribution
+    greedy, _ = sample_from_logits(logits, temperature=0.0, top_p=1.0)
+    assert (greedy == 0).all()
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_chat_template_turns_only_append(which, request):
+    _, tok = request.getfixturevalue(which)
+    chat = ChatFormat(tok)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Step 0/20.\n..R.\nA..G"}]
+    ids = chat.prompt_ids(msgs[0]["content"], msgs[1]["content"])
+    for t, (action, obs) in enumerate([("up", "You moved up."), ("right", "Blocked: wall."), ("left", "ok")]):
+        before = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        msgs += [{"role": "assistant", "content": action}, {"role": "user", "content": obs}]
+        after = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        assert after.startswith(before)  # the template itself only appends
+        ended = t % 2 == 0  # alternate: the policy sampled its end-of-turn token, or the cap cut it
+        action_ids = chat.encode(action) + ([chat.eos_id] if ended else [])
+        new_ids = ids + action_ids + chat.next_turn_ids(obs, action_ended_with_eos=ended)
+        assert new_ids[: len(ids)] == ids  # token ids of turns 1..t are a prefix of turns 1..t+1
+        assert tok.decode(new_ids) == after  # and they spell exactly what the template renders
+        ids = new_ids
