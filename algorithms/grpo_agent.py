@@ -257,7 +257,8 @@ if __name__ == "__main__":
     sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
     py_rng = random.Random(rank_seed)
 
-    if 0 < args.trainable_layers < len(model.get_decoder().layers):
+    num_layers = len(model.get_decoder().layers)
+    if 0 < args.trainable_layers < num_layers:
         model.requires_grad_(False)
         for layer in model.get_decoder().layers[-args.trainable_layers:]:
             layer.requires_grad_(True)
@@ -276,9 +277,12 @@ if __name__ == "__main__":
 
     tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=rank == 0)
     print0(f"run {run_name}: {args.model} on {args.env_id}, {args.action_mode} mode, {args.batch_size} episodes/iteration")
+    # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer (and the
+    # reference model, whose lower layers are the same frozen weights)
+    frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
     engine = RolloutEngine(model, tokenizer, RolloutConfig(
         action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
-        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm))
+        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm), record_layer_inputs=frozen_below)
     if args.action_mode == "choice" and not getattr(envs.make(args.env_id), "action_names", None):
         raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
 
@@ -334,6 +338,7 @@ if __name__ == "__main__":
         zero_var = (returns.std(dim=1, unbiased=False) < 1e-8).repeat_interleave(args.group_size)
         keep = [i for i in range(len(trajs)) if not (args.filter_zero_variance and zero_var[i])]
         train_trajs, train_adv = [trajs[i] for i in keep], advantages[keep].to(device)
+        train_inputs = [engine.layer_inputs[i] for i in keep] if frozen_below is not None else None
 
         # ---- update: clipped surrogate over policy units (eq. 12.19), micro-batched ----
         t1 = time.time()
@@ -345,13 +350,14 @@ if __name__ == "__main__":
             old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
             num_units, num_seqs = int(unit_mask.sum()), len(train_trajs)
             chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
+            trunk = lambda c: ([train_inputs[i] for i in c], frozen_below) if train_inputs else (None, 0)  # noqa: E731
             ref_logp = torch.zeros_like(old_logp)
             if ref_model is not None:
                 tr = time.time()
                 with torch.no_grad():
                     for c in chunks:
                         ref = policy_logprobs(ref_model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
-                                              args.choice_token_norm).logprobs
+                                              args.choice_token_norm, *trunk(c)).logprobs
                         ref_logp[c.start:c.stop, : ref.shape[1]] = ref
                 ref_s = time.time() - tr
             model.train()
@@ -359,7 +365,7 @@ if __name__ == "__main__":
                 optimizer.zero_grad()
                 for c in chunks:
                     units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
-                                            args.choice_token_norm)
+                                            args.choice_token_norm, *trunk(c))
                     width = units.logprobs.shape[1]
                     sl = (slice(c.start, c.stop), slice(0, width))
                     loss, s = grpo_loss(units.logprobs, old_logp[sl], ref_logp[sl], train_adv[c.start:c.stop], unit_mask[sl],

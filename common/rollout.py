@@ -125,6 +125,7 @@ class _Episode:
         self.components: dict[str, float] = {}
         self.termination = ""
         self.info: dict = {}
+        self.layer_inputs: list[torch.Tensor] = []  # see RolloutEngine(record_layer_inputs=...)
 
     def append(self, ids: list[int], mask: int, logprobs: list[float] | None = None):
         self.token_ids += ids
@@ -134,7 +135,15 @@ class _Episode:
 
 
 class RolloutEngine:
-    def __init__(self, model, tokenizer, config: RolloutConfig):
+    """Plays batches of episodes; see the module docstring.
+
+    `record_layer_inputs=k` keeps, for every token fed during the rollout, the hidden state entering
+    decoder layer k (`self.layer_inputs`, one [fed_tokens, hidden] tensor per returned trajectory). When
+    layers below k are frozen, the trainer starts its forward there (`policy_logprobs(..., layer_inputs=)`)
+    instead of recomputing what the rollout already computed.
+    """
+
+    def __init__(self, model, tokenizer, config: RolloutConfig, record_layer_inputs: int | None = None):
         if config.action_mode not in ("free", "choice"):
             raise ValueError(f"action_mode must be 'free' or 'choice', got {config.action_mode!r}")
         self.model, self.tokenizer, self.config = model, tokenizer, config
@@ -142,6 +151,14 @@ class RolloutEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
         self.device = next(model.parameters()).device
         self.body, self.head = _lm_parts(model)
+        self.record_layer_inputs = record_layer_inputs
+        self.layer_inputs: list[torch.Tensor] = []
+        self._captured, self._recording = None, False
+        if record_layer_inputs is not None:
+            def capture(_module, args, kwargs):
+                if self._recording:
+                    self._captured = args[0] if args else kwargs["hidden_states"]
+            self.body.layers[record_layer_inputs].register_forward_pre_hook(capture, with_kwargs=True)
 
     def action_candidates(self, env) -> list[list[int]]:
         if not getattr(env, "action_names", None):
@@ -149,7 +166,7 @@ class RolloutEngine:
         return [self.chat.encode(name) for name in env.action_names]
 
     # -- the KV cache ----------------------------------------------------------------------------------
-    def _feed(self, segments: list[list[int]]) -> torch.Tensor:
+    def _feed(self, segments: list[list[int]], rows: list[_Episode]) -> torch.Tensor:
         """Append each row's segment (left-padded) to the cache; return logits at each row's last token."""
         width = max(len(s) for s in segments)
         ids = torch.full((len(segments), width), self.pad_id, dtype=torch.long)
@@ -163,6 +180,10 @@ class RolloutEngine:
         pos = (self.attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
         hidden = self.body(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
                            use_cache=True).last_hidden_state
+        if self.record_layer_inputs is not None:
+            for row, (seg, ep) in enumerate(zip(segments, rows)):
+                if seg:
+                    ep.layer_inputs.append(self._captured[row, width - len(seg):])
         return self.head(hidden[:, -1]).float()
 
     def _drop_rows(self, keep: list[int]):
@@ -188,7 +209,7 @@ class RolloutEngine:
             if bool(done.all()) or step == cfg.max_turn_tokens - 1:
                 break
             # rows still generating feed their token; finished rows feed a masked pad
-            logits = self._feed([[] if done[r] else [sampled[r][-1]] for r in range(n)])
+            logits = self._feed([[] if done[r] else [sampled[r][-1]] for r in range(n)], episodes)
         for row, ep in enumerate(episodes):
             ep.append(sampled[row], 1, sampled_lp[row])
             ep.unfed = sampled[row][-1:]  # everything but the last sampled token is already in the cache
@@ -225,10 +246,10 @@ class RolloutEngine:
     def run(self, envs: list, seeds: list[int], env_id: str = "", policy_version: int = 0,
             generator: torch.Generator | None = None) -> list[Trajectory]:
         cfg = self.config
-        self.cache, self.attn = None, None
         from transformers import DynamicCache
 
-        self.cache = DynamicCache()
+        self._recording = self.record_layer_inputs is not None
+        self.cache, self.attn = DynamicCache(), None
         episodes = [_Episode(env, seed, env_id) for env, seed in zip(envs, seeds)]
         max_action = cfg.max_turn_tokens
         if cfg.action_mode == "choice":
@@ -243,7 +264,7 @@ class RolloutEngine:
         finished: list[_Episode] = []
         while live:
             t0 = time.perf_counter()
-            logits = self._feed([ep.unfed for ep in live])
+            logits = self._feed([ep.unfed for ep in live], live)
             for ep in live:
                 ep.unfed = []
             act = self._act_free if cfg.action_mode == "free" else self._act_choice
@@ -281,6 +302,9 @@ class RolloutEngine:
         self.cache, self.attn = None, None
         order = {id(ep): i for i, ep in enumerate(episodes)}
         finished.sort(key=lambda ep: order[id(ep)])
+        if self.record_layer_inputs is not None:
+            self.layer_inputs = [torch.cat(ep.layer_inputs) for ep in finished]
+        self._captured, self._recording = None, False
         return [self._record(ep, policy_version) for ep in finished]
 
     def _record(self, ep: _Episode, policy_version: int) -> Trajectory:
@@ -338,12 +362,15 @@ def _branch_layout(trajs: list[Trajectory]):
 
 
 def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperature: float = 1.0,
-                    choice_token_norm: bool = False) -> UnitBatch:
+                    choice_token_norm: bool = False, layer_inputs: list[torch.Tensor] | None = None,
+                    from_layer: int = 0) -> UnitBatch:
     """One packed forward over the records (right-padded), log-probs and entropies at the policy units.
 
     The LM head runs only at the positions that predict a policy token, not over the whole sequence.
     In choice mode with multi-token action names, the candidates' tokens are appended to each episode
     with a tree-shaped 4-D attention mask (see `_branch_layout`), still one forward.
+    With `layer_inputs` (recorded by the rollout engine at decoder layer `from_layer`, below which the
+    model is frozen), only layers from `from_layer` up run: the lower layers' result is already known.
     """
     device = next(model.parameters()).device
     body, head = _lm_parts(model)
@@ -375,7 +402,10 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     else:
         attention_mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long().to(device)
     ids, pos = ids.to(device), pos.to(device)
-    hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+    if layer_inputs is not None and not multi:
+        hidden = _forward_from_layer(body, layer_inputs, from_layer, attention_mask, pos)
+    else:
+        hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
     rows_lp, rows_ent = [], []
     for i, t in enumerate(trajs):
         if action_mode == "choice" and not t.choice_steps:
@@ -413,3 +443,20 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     pad = lambda r: torch.stack(list(r) + [zero] * (units - len(r)))  # noqa: E731
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (units - len(r)) for r in rows_lp], device=device)
     return UnitBatch(torch.stack([pad(r) for r in rows_lp]), torch.stack([pad(r) for r in rows_ent]), mask)
+
+
+def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int, attention_mask, pos):
+    """Run decoder layers `from_layer`.. (and the final norm) on recorded inputs of those layers.
+
+    Tokens never fed during the rollout (each episode's last action) get zeros: nothing reads their output
+    and, attention being causal, they influence no earlier position.
+    """
+    x = layer_inputs[0].new_zeros((len(layer_inputs), attention_mask.shape[1], layer_inputs[0].shape[-1]))
+    for i, states in enumerate(layer_inputs):
+        x[i, : len(states)] = states
+    all_layers = body.layers
+    body.layers = all_layers[from_layer:]
+    try:
+        return body(inputs_embeds=x, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+    finally:
+        body.layers = all_layers

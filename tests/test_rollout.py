@@ -165,3 +165,17 @@ def test_chat_template_turns_only_append(which, request):
         assert new_ids[: len(ids)] == ids  # token ids of turns 1..t are a prefix of turns 1..t+1
         assert tok.decode(new_ids) == after  # and they spell exactly what the template renders
         ids = new_ids
+
+
+def test_trainer_can_start_from_recorded_layer_inputs(tiny):
+    """With the lower layers frozen, reusing the rollout's hidden states gives the full forward's numbers."""
+    model, tok = tiny
+    engine = RolloutEngine(model, tok, RolloutConfig(action_mode="free", max_turn_tokens=5), record_layer_inputs=1)
+    trajs = engine.run([envs.make("gridworld") for _ in range(3)], [0, 1, 2], generator=torch.Generator().manual_seed(2))
+    assert [len(x) for x in engine.layer_inputs] == [len(t.token_ids) - 1 for t in trajs]  # all but the last sampled token
+    with torch.no_grad():
+        full = policy_logprobs(model, trajs, "free")
+        partial = policy_logprobs(model, trajs, "free", layer_inputs=engine.layer_inputs, from_layer=1)
+    assert torch.equal(full.mask, partial.mask)
+    assert ((full.logprobs - partial.logprobs).abs() * full.mask).max().item() < 1e-4
+    assert ((full.entropy - partial.entropy).abs() * full.mask).max().item() < 1e-4
