@@ -83,12 +83,12 @@ class Args:
     """`choice`: a distribution over the environment's action names; `free`: generated text the environment parses"""
     choice_token_norm: bool = True
     """TWOSOME normalisation: divide an action's log-prob by its token count (matters for multi-token names)"""
-    learning_rate: float = 3e-5
+    learning_rate: float = 1e-4
     """AdamW learning rate"""
     trainable_layers: int = 6
     """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
-    update_epochs: int = 1
-    """optimisation epochs over each batch (as in DeepSeekMath, 1: on-policy, ratio = 1; >1 makes the clip matter)"""
+    update_epochs: int = 2
+    """optimisation epochs over each batch (1: on-policy, ratio = 1, as DeepSeekMath; >1 reuses the batch under the clip)"""
     micro_batch_size: int = 4
     """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
     clip_eps_low: float = 0.2
@@ -105,8 +105,8 @@ class Args:
     """drop groups whose returns are all equal (no learning signal) from the loss"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
-    temperature: float = 1.0
-    """sampling temperature during training rollouts"""
+    temperature: float = 2.0
+    """sampling temperature of training rollouts (SmolLM2 tends to repeat its previous answer; T = 2 keeps it exploring)"""
     top_p: float = 1.0
     """nucleus sampling during training rollouts"""
     max_turn_tokens: int = 8
@@ -121,7 +121,7 @@ class Args:
     """learning rate of the cold start"""
     eval_every: int = 5
     """greedy evaluation every N iterations (and before the first and after the last); 0 disables"""
-    eval_episodes: int = 16
+    eval_episodes: int = 8
     """episodes per greedy evaluation"""
 
     # filled in at runtime

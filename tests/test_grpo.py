@@ -146,3 +146,18 @@ def test_smoke_one_iteration_with_smollm2(tmp_path, smollm2):
         assert tag in scalars, tag
     assert scalars["diagnostics/logprob_mismatch"][0][1] < 1e-3  # SmolLM2, fp32 CPU: sampler == trainer
     assert "iter 1/1" in out
+
+
+def test_torchrun_two_processes_on_cpu(tmp_path):
+    """torchrun awareness: 2 ranks (gloo), each with its own episodes; rank 0 alone logs, metrics averaged."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           str(ROOT / "algorithms" / "grpo_agent.py"), "--model", "tiny", "--total-iterations", "2", "--group-size", "4",
+           "--eval-every", "0", "--output-dir", str(tmp_path), "--save-model"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(runs) == 1  # only rank 0 writes
+    assert proc.stdout.count("iter 2/2") == 1  # print0: one progress line per iteration
+    assert "8 episodes/iteration" in proc.stdout  # global batch = group size x world size
+    episodes = [step for step, _ in read_scalars(runs[0])["charts/success_rate"]]
+    assert episodes == [8, 16]
