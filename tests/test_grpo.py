@@ -117,7 +117,8 @@ def test_cold_start_sft_teaches_the_format(tmp_path):
     """A random `tiny` model emits no valid move in free mode; after the SFT cold start it mostly does."""
     run_dir, out = run_grpo(tmp_path, "--model", "tiny", "--action-mode", "free", "--sft-steps", "60",
                             "--sft-learning-rate", "3e-3", "--total-iterations", "1", "--num-groups", "1",
-                            "--group-size", "4", "--eval-every", "0", "--max-turn-tokens", "8")
+                            "--group-size", "4", "--eval-every", "0", "--max-turn-tokens", "8",
+                            "--temperature", "1.0")
     scalars = read_scalars(run_dir)
     sft = scalars["losses/sft_loss"]
     assert sft[-1][1] < 0.2 * sft[0][1], sft
@@ -129,7 +130,7 @@ def test_cold_start_sft_teaches_the_format(tmp_path):
 def test_grpo_learns_gridworld_on_tiny(tmp_path):
     """The learning check: on a fixed seed, the success rate of sampled episodes rises clearly."""
     run_dir, out = run_grpo(tmp_path, "--model", "tiny", "--seed", "1", "--total-iterations", "12", "--num-groups", "2",
-                            "--update-epochs", "2", "--learning-rate", "1e-3", "--trainable-layers", "0",
+                            "--update-epochs", "2", "--learning-rate", "1e-3", "--trainable-layers", "0", "--temperature", "1.0",
                             "--micro-batch-size", "8", "--eval-every", "0")
     success = [v for _, v in read_scalars(run_dir)["charts/success_rate"]]
     before, after = sum(success[:3]) / 3, sum(success[-3:]) / 3
