@@ -289,14 +289,15 @@ if __name__ == "__main__":
     def all_reduce_grads():
         if args.world_size > 1:
             for p in params:
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
-                    p.grad /= args.world_size
+                if p.grad is None:  # this rank had nothing to train on: it still joins the all-reduce
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad /= args.world_size
 
     # ---- cold start: SFT on format demonstrations (seed 001) ----
     if args.sft_steps > 0:
         demo_env = envs.make(args.env_id)
-        sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate)
+        sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate, weight_decay=0.0)
         model.train()
         for step in range(1, args.sft_steps + 1):
             demos = format_demonstrations(engine, demo_env, py_rng, args.sft_batch_size)
@@ -312,7 +313,7 @@ if __name__ == "__main__":
                 print0(f"sft {step}/{args.sft_steps} | loss {sft_loss.item():.3f}")
         model.eval()
 
-    optimizer = torch.optim.AdamW(params, lr=args.learning_rate)
+    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     episodes_seen, start = 0, time.time()
 
     def run_eval(iteration: int):
@@ -345,8 +346,13 @@ if __name__ == "__main__":
         stats = {"clip_low": 0.0, "clip_high": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
         entropy_sum, policy_loss_sum, mismatch_max, mismatch_sum, ref_s, grad_norm = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         num_units = num_seqs = 0
-        if train_trajs:
-            old_logp, unit_mask = behavior_units(train_trajs, args.action_mode)
+        # under torchrun every rank joins the same all-reduces: a rank whose groups were all dropped
+        # contributes zero gradients; if every rank's were, nobody steps
+        ranks_with_data = float(bool(train_trajs))
+        if args.world_size > 1:
+            ranks_with_data = all_reduce_mean({"n": ranks_with_data})["n"] * args.world_size
+        if ranks_with_data > 0:
+            old_logp, unit_mask = behavior_units(train_trajs, args.action_mode) if train_trajs else (torch.zeros(0, 1),) * 2
             old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
             num_units, num_seqs = int(unit_mask.sum()), len(train_trajs)
             chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
@@ -362,7 +368,7 @@ if __name__ == "__main__":
                 ref_s = time.time() - tr
             model.train()
             for epoch in range(args.update_epochs):
-                optimizer.zero_grad()
+                optimizer.zero_grad(set_to_none=False)
                 for c in chunks:
                     units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
                                             args.choice_token_norm, *trunk(c))
