@@ -203,7 +203,7 @@ def format_demonstrations(engine: RolloutEngine, env, rng: random.Random, n: int
     chat, demos = engine.chat, []
     for _ in range(n):
         obs, _ = env.reset(seed=rng.randrange(1 << 30))
-        ids, mask = chat.prompt_ids(env.system_prompt, obs), []
+        ids = chat.prompt_ids(env.system_prompt, obs)
         mask = [0] * len(ids)
         for turn in range(rng.randint(1, max_turns)):
             name = rng.choice(env.action_names)
@@ -233,7 +233,7 @@ def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int) -> dict[st
     """Greedy episodes (temperature 0) on seeds disjoint from training seeds."""
     sampling = engine.config
     engine.config = RolloutConfig(**{**vars(sampling), "temperature": 0.0})
-    trajs = engine.run([envs.make(env_id) for _ in range(num)], [10**9 + seed * 1000 + i for i in range(num)], env_id)
+    trajs = engine.run([envs.make(env_id) for _ in range(num)], [(1 << 40) + seed * 1000 + i for i in range(num)], env_id)
     engine.config = sampling
     return episode_metrics(trajs)
 

@@ -11,6 +11,7 @@ import importlib
 from typing import Any, Callable
 
 from envs.base import TERMINATIONS, TextEnv
+from envs.external import BABYAI_LEVELS
 
 __all__ = ["TERMINATIONS", "TextEnv", "make", "register", "registered_ids"]
 
@@ -19,6 +20,12 @@ Factory = Callable[..., TextEnv]
 _REGISTRY: dict[str, Factory | str] = {
     "gridworld": "envs.gridworld:GridWorldEnv",
     "gridworld-procedural": "envs.gridworld:ProceduralGridWorldEnv",
+    "arithmetic": "envs.reasoning:ArithmeticEnv",
+    "wordproblems": "envs.reasoning:WordProblemEnv",
+    "frozenlake": "envs.external:FrozenLakeTextEnv",
+    "taxi": "envs.external:TaxiTextEnv",
+    "cliffwalking": "envs.external:CliffWalkingTextEnv",
+    "workspace": "envs.workspace:WorkspaceEnv",
 }
 
 
@@ -47,6 +54,15 @@ def _load_entry_point(entry_point: str) -> Factory:
     if not callable(factory):
         raise ValueError(f"entry point {entry_point!r}: module {module_name!r} has no callable {attribute!r}")
     return factory
+
+
+def _with_defaults(entry_point: str, **defaults: Any) -> Factory:
+    """A factory that imports `entry_point` only when called, with `defaults` under the caller's kwargs."""
+    return lambda **kwargs: _load_entry_point(entry_point)(**{**defaults, **kwargs})
+
+
+for _level in BABYAI_LEVELS:  # babyai-gotolocal, babyai-pickuploc, ... (minigrid is imported on first make)
+    _REGISTRY[f"babyai-{_level.lower()}"] = _with_defaults("envs.external:BabyAITextEnv", level=_level)
 
 
 def make(env_id: str, **kwargs: Any) -> TextEnv:

@@ -338,3 +338,22 @@ def test_layout_validation():
     for bad in [("S..", "S.G"), ("S.X.G",), ("S..",), ("S.G", "..")]:
         with pytest.raises(ValueError):
             Layout(bad)
+
+
+@pytest.mark.parametrize("env_id", envs.registered_ids())
+def test_every_registered_environment_honours_the_contract(env_id):
+    """Every id in the registry builds, resets deterministically and survives garbage actions."""
+    env = envs.make(env_id)
+    obs, info = env.reset(seed=3)
+    assert isinstance(obs, str) and obs and isinstance(env.system_prompt, str) and env.system_prompt
+    assert info["env_version"] and info["task_id"]
+    again, _ = envs.make(env_id).reset(seed=3)
+    assert again == obs
+    for _ in range(3):
+        obs, reward, terminated, truncated, info = env.step("\x00 not an action {")
+        assert isinstance(obs, str)
+        assert info["action_valid"] is False and info["invalid_actions"] >= 1
+        assert sum(info["reward_components"].values()) == pytest.approx(reward)
+        if terminated or truncated:
+            assert info["termination"] in TERMINATIONS
+            break
