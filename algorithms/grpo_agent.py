@@ -215,7 +215,8 @@ def format_demonstrations(engine: RolloutEngine, env, rng: random.Random, n: int
             segment = chat.next_turn_ids(obs, action_ended_with_eos=True)
             ids, mask = ids + segment, mask + [0] * len(segment)
         demos.append(Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0,
-                                turns=[], rewards={}, return_=0.0, termination="truncated", env_version="", task_id="", seed=0))
+                                turns=[], rewards={}, return_=0.0, termination="truncated", env_version="",
+                                task_id="", seed=0))
     return demos
 
 
@@ -320,7 +321,8 @@ if __name__ == "__main__":
         if args.eval_every > 0 and rank == 0:
             metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed)
             tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
-            print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} | return {metrics['episodic_return']:.2f}")
+            print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
+                   f"| return {metrics['episodic_return']:.2f}")
 
     run_eval(0)
     for iteration in range(1, args.total_iterations + 1):
@@ -423,7 +425,8 @@ if __name__ == "__main__":
         tracker.scalars(scalars, episodes_seen)
         if iteration == 1 or iteration % 10 == 0:
             tracker.trajectories(trajs, episodes_seen)
-        print0(f"iter {iteration}/{args.total_iterations} | episodes {episodes_seen} | return {scalars['charts/episodic_return']:.2f} "
+        print0(f"iter {iteration}/{args.total_iterations} | episodes {episodes_seen} "
+               f"| return {scalars['charts/episodic_return']:.2f} "
                f"| success {scalars['charts/success_rate']:.2f} | invalid {scalars['charts/invalid_action_rate']:.2f} "
                f"| loss {scalars['losses/policy_loss']:+.4f} | entropy {scalars['losses/entropy']:.3f} "
                f"| zero-var {scalars['diagnostics/zero_variance_groups']:.2f} | {rollout_s + update_s:.1f}s "

@@ -26,6 +26,8 @@ _REGISTRY: dict[str, Factory | str] = {
     "taxi": "envs.external:TaxiTextEnv",
     "cliffwalking": "envs.external:CliffWalkingTextEnv",
     "workspace": "envs.workspace:WorkspaceEnv",
+    "codegen": "envs.codegen:CodegenEnv",
+    "codegen-humaneval": "envs.codegen:HumanEvalEnv",
 }
 
 

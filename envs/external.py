@@ -511,7 +511,7 @@ class TaxiTextEnv(ToyTextEnv):
 
     def _describe(self, before: int, action: int, after: int, reward: float) -> str:
         chosen = self.action_names[action]
-        (r0, c0, passenger0, _), (r1, c1, passenger1, destination) = self.decode(before), self.decode(after)
+        (r0, c0, _, _), (r1, c1, passenger1, destination) = self.decode(before), self.decode(after)
         if chosen == "pickup":
             return "You picked up the passenger." if reward != TAXI_ILLEGAL else "Illegal pickup: no passenger here."
         if chosen == "dropoff":
