@@ -415,7 +415,8 @@ def test_fallback_modes_grade_and_clean_up(clean_host, mode):
     assert verdict.reason == "timeout" and verdict.wall_s < 3
     probe = "import os\ndef add(a, b):\n    return os.getuid(), os.path.exists(a)\n"
     uid, sees_repo = parse_literal(run_tests(probe, "add", [CallTest((envs.codegen.__file__, 0), None)], iso=iso).results[0].got)
-    assert sees_repo == (not iso.namespaces)  # namespaces hide the host's files
+    if iso.namespaces:  # namespaces hide the host's files (without them, what shows depends on the host's modes)
+        assert not sees_repo
     assert (UID_BASE <= uid < UID_BASE + MAX_SLOTS) == iso.drop_privileges
 
 
