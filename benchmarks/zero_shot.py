@@ -35,6 +35,8 @@ class Args:
     """`tiny`, `smollm2-135m` or a local model path"""
     env_id: str = "gridworld"
     """environment id or `package.module:Factory`"""
+    env_kwargs: str = "{}"
+    """keyword arguments for `envs.make`, as JSON (e.g. '{"level": 2}')"""
     action_mode: Literal["free", "choice"] = "choice"
     """`choice` (distribution over action names) or `free` (generated text)"""
     episodes: int = 50
@@ -45,6 +47,8 @@ class Args:
     """sampling temperature (0 = greedy)"""
     max_turn_tokens: int = 8
     """free mode: cap on generated tokens per turn"""
+    max_total_tokens: int = 4096
+    """cap on an episode's whole token sequence (hitting it ends the episode as truncated)"""
     seed: int = 0
     """seed of the sampler; episode i uses environment seed `seed * 100000 + i`"""
     device: str = "cpu"
@@ -55,20 +59,24 @@ class Args:
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    env_kwargs = json.loads(args.env_kwargs)
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model, tok = load_model(args.model, device, seed=args.seed)
     engine = RolloutEngine(model, tok, RolloutConfig(action_mode=args.action_mode, temperature=args.temperature,
-                                                     max_turn_tokens=args.max_turn_tokens))
+                                                     max_turn_tokens=args.max_turn_tokens,
+                                                     max_total_tokens=args.max_total_tokens))
     generator = torch.Generator(device=device).manual_seed(args.seed)
     trajs, start = [], time.time()
     for first in range(0, args.episodes, args.batch_size):
         seeds = [args.seed * 100_000 + i for i in range(first, min(first + args.batch_size, args.episodes))]
-        trajs += engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id, generator=generator)
+        trajs += engine.run([envs.make(args.env_id, **env_kwargs) for _ in seeds], seeds, args.env_id, generator=generator)
         print(f"{len(trajs)}/{args.episodes} episodes, {time.time() - start:.0f}s", flush=True)
     seconds = time.time() - start
     steps = sum(t.num_steps for t in trajs)
     result = {
+        "env_id": args.env_id,
+        "action_mode": args.action_mode,
         "success_rate": float(np.mean([t.success for t in trajs])),
         "episodic_return": float(np.mean([t.return_ for t in trajs])),
         "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1),
