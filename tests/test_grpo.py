@@ -105,7 +105,7 @@ def test_format_demonstrations_train_only_valid_action_names(tiny):
         assert all(tuple(d.token_ids[s:e]) in names for s, e in spans)
 
 
-def run_grpo(tmp_path, *flags, timeout=600):
+def run_grpo(tmp_path, *flags, timeout=1500):
     cmd = [sys.executable, str(ROOT / "algorithms" / "grpo_agent.py"), "--output-dir", str(tmp_path), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
