@@ -315,7 +315,7 @@ if __name__ == "__main__":
         model.eval()
 
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
-    episodes_seen, start = 0, time.time()
+    episodes_seen, generated_tokens, start = 0, 0, time.time()
 
     def run_eval(iteration: int):
         if args.eval_every > 0 and rank == 0:
@@ -419,9 +419,12 @@ if __name__ == "__main__":
             "perf/env_s": env_s,
             "perf/rollout_tokens_per_s": total_tokens / rollout_s,
             "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in trajs) / rollout_s,
+            "perf/iteration_generated_tokens": sum(t.num_policy_tokens for t in trajs),
             "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,
         }
         scalars = all_reduce_mean(scalars)
+        generated_tokens += round(scalars["perf/iteration_generated_tokens"] * args.world_size)
+        scalars["perf/generated_tokens"] = generated_tokens  # cumulative, all ranks: the x-axis of benchmarks/plot.py
         tracker.scalars(scalars, episodes_seen)
         if iteration == 1 or iteration % 10 == 0:
             tracker.trajectories(trajs, episodes_seen)
