@@ -1,0 +1,547 @@
+# docs: docs/hybrid_planner.md
+"""Hybrid agent: an LLM planner called rarely + an RL controller called every step (seed 003 §5, §7-8).
+
+The planner reads the observation and returns a short plan: subgoals, each with the observation it
+expects when the subgoal is done (seed 003's third design: "预期观察"). The controller, a small Q-network
+over the grid conditioned on the current subgoal, picks every move, and may call skills from a skill
+library even when they are not the current subgoal. The agent replans when the expected observation
+has not appeared within a bound (3 steps past the subgoal's expected duration), when the plan is
+exhausted, or every N steps; each trigger is a flag and each replanning is logged with its cause.
+
+`--planner llm` is the hybrid, `--planner oracle` the same controller under a shortest-path planner
+(the upper bound on planning), `--planner none` the controller alone on the environment reward (pure RL).
+The pure-LLM agent of seed 003's table is `benchmarks/zero_shot.py --action-mode choice`.
+
+Usage:
+    python algorithms/hybrid_planner.py                                   # smollm2-135m planner, seed-003 GridWorld, CPU
+    python algorithms/hybrid_planner.py --planner none                    # pure RL: the controller alone
+    python algorithms/hybrid_planner.py --env-id gridworld-procedural --eval-env-kwargs '{"split": "test"}'
+    python algorithms/hybrid_planner.py --model tiny --total-episodes 40  # seconds, for a smoke test
+    python algorithms/hybrid_planner.py --device cuda                     # the planner on one GPU
+    benchmarks/hybrid_three_way.sh                                        # seed 003's three-way table
+
+Copying this file out: it needs `common/` (model loading, chat format, candidate scoring, tracking)
+and `envs/gridworld.py`.
+
+Where this departs from the seed:
+- The controller is a Double DQN (van Hasselt et al. 2016) over a one-hot grid encoding, like the
+  seed's "Q-learning 训练的策略网络", rather than PPO: off-policy replay reuses every step, which matters
+  because the planner makes steps expensive. Under a planner it is trained on the environment's
+  step, resource and format rewards plus a bonus for reaching its subgoal, which replaces the goal reward
+  (so it never prefers the episode's goal to the subgoal it was given), and a reached subgoal ends the
+  controller's episode (h-DQN, Kulkarni et al. 2016).
+- A 135M model cannot write a reliable free-form plan, so the planner *chooses* each subgoal among the
+  remaining resources and goals by the log-probability of its description (GLAM-style scoring); each
+  candidate carries its expected observation (the environment's own wording, e.g. "collected a
+  resource" at that cell) and an expected duration (its Manhattan distance, walls unknown to the planner).
+- The planner is greedy and deterministic, so its answers are cached by prompt: revisiting a state
+  costs no LLM call. Calls that hit the model and calls answered from the cache are logged separately.
+- The skill library holds `collect_adjacent` (step onto a resource next to the agent, wherever the
+  plan points). Doors and keys (BabyAI) are not modelled yet.
+- The episode's step limit is part of the state (steps left), so the time limit is a true terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Literal
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+
+import envs
+from common.chat import ChatFormat
+from common.distributed import print0, seed_everything
+from common.models import load_model, resolve_device
+from common.rollout import score_candidates
+from common.tracking import Tracker, make_run_name
+from envs.gridworld import ACTIONS, MOVES, GridWorldEnv, plan
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (model init for `tiny`, controller init, exploration, environment seeds)"""
+    torch_deterministic: bool = True
+    """use deterministic torch algorithms, so the same seed gives the same numbers on CPU"""
+    device: str = "cpu"
+    """`cpu`, `cuda`, `cuda:N` or `auto` (the planner LLM; the controller is tiny and stays on the CPU)"""
+    save_model: bool = False
+    """save the planner LLM (Hugging Face format) to `runs/{run_name}/model` and the controller to `controller.pt`"""
+    model: str = "smollm2-135m"
+    """planner LLM: `tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
+    env_id: str = "gridworld"
+    """`gridworld` (seed-003 layout) or `gridworld-procedural` (random layouts; train split by default)"""
+    output_dir: str = "runs"
+    """where run directories are created"""
+
+    # Algorithm specific arguments
+    planner: Literal["llm", "oracle", "none"] = "llm"
+    """`llm`: hybrid; `oracle`: shortest-path planner (upper bound); `none`: the controller alone (pure RL)"""
+    total_episodes: int = 1500
+    """training episodes of the controller"""
+    max_subgoals: int = 3
+    """subgoals per plan (a plan also ends at the first goal)"""
+    replan_on_mismatch: bool = True
+    """replan when a subgoal's expected observation has not appeared within its expected steps + bound"""
+    replan_bound: int = 3
+    """steps of slack past a subgoal's expected duration before its expectation counts as violated (seed 003: 3)"""
+    replan_when_exhausted: bool = True
+    """replan when every subgoal of the plan is done (otherwise the controller goes on without a subgoal)"""
+    replan_every: int = 0
+    """also replan every N steps (seed 003's first design used 10, its experiment 5); 0 disables"""
+    skills: bool = True
+    """let the controller call the skill library (`collect_adjacent`) in addition to the four moves"""
+    subgoal_bonus: float = 3.0
+    """controller reward for reaching its subgoal; under a planner it replaces the goal reward (+3)"""
+    learning_rate: float = 1e-3
+    """Adam learning rate of the controller"""
+    gamma: float = 0.97
+    """discount of the controller's TD target"""
+    buffer_size: int = 50_000
+    """replay buffer capacity (transitions)"""
+    replay_batch_size: int = 64
+    """transitions per DQN update"""
+    learning_starts: int = 300
+    """transitions collected before the first update"""
+    target_update_every: int = 250
+    """updates between hard copies of the online network into the target network"""
+    epsilon_start: float = 1.0
+    """initial exploration rate"""
+    epsilon_end: float = 0.05
+    """final exploration rate"""
+    exploration_fraction: float = 0.6
+    """fraction of the training episodes over which epsilon decays linearly"""
+    hidden_size: int = 128
+    """width of the controller's two hidden layers"""
+    log_every: int = 25
+    """episodes per logged training point"""
+    eval_every: int = 250
+    """greedy evaluation every N training episodes (and before training and at the end); 0: only at the end"""
+    eval_episodes: int = 50
+    """episodes per greedy evaluation (seed 003 reports 50)"""
+    eval_env_kwargs: str = "{}"
+    """JSON keyword arguments for the evaluation environment, e.g. '{"split": "test"}' for held-out layouts"""
+
+
+# read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
+SMOKE_TEST_ARGS = ["--total-episodes", "12", "--learning-starts", "20", "--replay-batch-size", "16", "--log-every", "6",
+                   "--eval-every", "6", "--eval-episodes", "2"]
+LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/resources",
+               "charts/llm_calls_per_episode", "charts/replans_per_episode", "losses/td_loss", "losses/q_values",
+               "diagnostics/epsilon", "diagnostics/skill_rate", "perf/planner_ms_per_step",
+               "perf/controller_ms_per_step", "eval/success_rate", "eval/episodic_return", "eval/resources",
+               "eval/llm_calls_per_episode")
+
+SKILLS = ("collect_adjacent",)  # action index 4 onwards
+NUM_ACTIONS = len(ACTIONS) + len(SKILLS)
+
+
+@dataclass
+class Subgoal:
+    description: str  # what the planner chose, in words
+    target: tuple[int, int]
+    expected: str  # the observation that marks it done (the environment's wording)
+    expected_steps: int  # the planner's estimate of its duration
+
+
+def validate_args(args: Args) -> dict:
+    problems = []
+    for name in ("total_episodes", "max_subgoals", "replay_batch_size", "buffer_size", "target_update_every", "log_every",
+                 "eval_episodes", "hidden_size"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+    if args.replan_bound < 0 or args.replan_every < 0 or args.eval_every < 0 or args.learning_starts < 0:
+        problems.append("--replan-bound, --replan-every, --eval-every and --learning-starts must be >= 0")
+    if not 0 <= args.epsilon_end <= args.epsilon_start <= 1 or not 0 < args.exploration_fraction <= 1:
+        problems.append("need 0 <= --epsilon-end <= --epsilon-start <= 1 and 0 < --exploration-fraction <= 1")
+    if not 0 < args.gamma <= 1:
+        problems.append("--gamma must be in (0, 1]")
+    try:
+        eval_kwargs = json.loads(args.eval_env_kwargs)
+        assert isinstance(eval_kwargs, dict)
+    except (json.JSONDecodeError, AssertionError):
+        problems.append(f"--eval-env-kwargs must be a JSON object, got {args.eval_env_kwargs!r}")
+        eval_kwargs = {}
+    if problems:
+        raise SystemExit("hybrid_planner.py: " + "; ".join(problems))
+    return eval_kwargs
+
+
+# ---- state: the layout and the episode state, read through the environment's public snapshot() ----
+
+def grid_state(env: GridWorldEnv):
+    snap = env.snapshot()
+    return snap["layout"], snap["state"]
+
+
+def features(layout, state, target, max_steps: int) -> np.ndarray:
+    """One-hot channels over the grid: walls, remaining resources, goals, agent, subgoal target; + steps left."""
+    rows, cols = len(layout.grid), len(layout.grid[0])
+    x = np.zeros((5, rows, cols), dtype=np.float32)
+    for r, c in layout.walls:
+        x[0, r, c] = 1
+    for r, c in set(layout.resources) - state.collected:
+        x[1, r, c] = 1
+    for r, c in layout.goals:
+        x[2, r, c] = 1
+    x[3, state.pos[0], state.pos[1]] = 1
+    if target is not None:
+        x[4, target[0], target[1]] = 1
+    return np.concatenate([x.ravel(), [1 - state.steps / max_steps]]).astype(np.float32)
+
+
+def adjacent_resource(layout, state) -> int | None:
+    """The move that steps onto a remaining resource next to the agent, if any (skill `collect_adjacent`)."""
+    remaining = set(layout.resources) - state.collected
+    for action in range(len(ACTIONS)):
+        pos, blocked = layout.move(state.pos, action)
+        if blocked is None and pos in remaining:
+            return action
+    return None
+
+
+def action_mask(layout, state, skills: bool) -> np.ndarray:
+    mask = np.zeros(NUM_ACTIONS, dtype=bool)
+    mask[: len(ACTIONS)] = True
+    mask[len(ACTIONS)] = skills and adjacent_resource(layout, state) is not None
+    return mask
+
+
+# ---- planners ----
+
+def candidate_subgoals(layout, state, start) -> list[Subgoal]:
+    """What a plan step can be: a remaining resource or a goal, with its expected observation and duration."""
+    manhattan = lambda p: abs(p[0] - start[0]) + abs(p[1] - start[1])  # noqa: E731
+    cands = [Subgoal(f"collect the resource at row {r}, column {c}", (r, c), "collected a resource", manhattan((r, c)))
+             for r, c in sorted(set(layout.resources) - state.collected)]
+    cands += [Subgoal(f"go to the goal at row {r}, column {c}", (r, c), "reached the goal", manhattan((r, c)))
+              for r, c in sorted(layout.goals)]
+    return cands
+
+
+class LLMPlanner:
+    """Chooses subgoals one by one by the LM's (length-normalised) log-probability of their descriptions."""
+
+    SYSTEM = ("You plan for an agent A on a grid. Resources R give +1 each, reaching a goal G gives +3 and ends "
+              "the episode, W is a wall, each step costs 0.05. Plan the order: resources first if there is time, "
+              "then a goal.")
+
+    def __init__(self, model, tokenizer, device, max_subgoals: int):
+        self.model, self.chat, self.device, self.max_subgoals = model, ChatFormat(tokenizer), device, max_subgoals
+        self.cache: dict[tuple, int] = {}
+        self.plans = self.model_calls = self.cache_hits = 0
+
+    @torch.no_grad()
+    def choose(self, observation: str, planned: list[Subgoal], cands: list[Subgoal]) -> int:
+        so_far = "".join(f"\nStep {i + 1}: {s.description}." for i, s in enumerate(planned))
+        user = f"{observation}\nPlan so far:{so_far or ' nothing yet.'}\nWhat should step {len(planned) + 1} be?"
+        key = (user, tuple(c.description for c in cands))
+        if key not in self.cache:
+            self.model_calls += 1
+            prompt = torch.tensor([self.chat.prompt_ids(self.SYSTEM, user)], device=self.device)
+            out = self.model(input_ids=prompt, use_cache=True)
+            scores = score_candidates(self.model, out.past_key_values, torch.ones_like(prompt), out.logits[:, -1],
+                                      [self.chat.encode(c.description.capitalize() + ".") for c in cands], True)
+            self.cache[key] = int(scores[0].argmax())
+        else:
+            self.cache_hits += 1
+        return self.cache[key]
+
+    def plan(self, env: GridWorldEnv) -> list[Subgoal]:
+        self.plans += 1
+        layout, state = grid_state(env)
+        # the grid alone (no step counter, no last feedback): the same situation is the same prompt, so it is cached
+        observation = f"Resources {len(state.collected)}/{len(layout.resources)}. You are A.\n{env.render()}"
+        planned, collected, where = [], set(state.collected), state.pos
+        for _ in range(self.max_subgoals):
+            cands = candidate_subgoals(layout, state.__class__(pos=where, collected=frozenset(collected)), where)
+            pick = cands[self.choose(observation, planned, cands)]
+            planned.append(pick)
+            collected.add(pick.target)
+            where = pick.target
+            if pick.expected == "reached the goal":
+                break
+        return planned
+
+
+class OraclePlanner:
+    """Subgoals read off a shortest-path plan (envs.gridworld.plan): the best a planner could say."""
+
+    def __init__(self, max_subgoals: int):
+        self.max_subgoals, self.plans, self.model_calls, self.cache_hits = max_subgoals, 0, 0, 0
+
+    def plan(self, env: GridWorldEnv) -> list[Subgoal]:
+        self.plans += 1
+        layout, state = grid_state(env)
+        planned, steps = [], 0
+        while state.termination is None and len(planned) < self.max_subgoals and state.steps < env.max_steps:
+            _, action = plan(layout, state, env.max_steps)
+            pos, _ = layout.move(state.pos, action)
+            new = pos in set(layout.resources) - state.collected
+            state = state.__class__(pos=pos, collected=state.collected | ({pos} if new else set()), steps=state.steps + 1,
+                                    termination="success" if pos in layout.goals else None)
+            steps += 1
+            if new or pos in layout.goals:
+                kind = "collect the resource" if new else "go to the goal"
+                planned.append(Subgoal(f"{kind} at row {pos[0]}, column {pos[1]}", pos,
+                                       "collected a resource" if new else "reached the goal", steps))
+                steps = 0
+        return planned
+
+
+# ---- controller: Double DQN ----
+
+class QNetwork(nn.Module):
+    def __init__(self, in_dim: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, NUM_ACTIONS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def double_dqn_targets(rewards, dones, next_q_online, next_q_target, next_mask, gamma: float) -> torch.Tensor:
+    """y = r + γ (1 - done) Q_target(s', argmax_a' Q_online(s', a')), over the actions allowed in s'."""
+    next_q_online = next_q_online.masked_fill(~next_mask, -torch.inf)
+    best = next_q_online.argmax(1, keepdim=True)
+    return rewards + gamma * (1 - dones) * next_q_target.gather(1, best).squeeze(1)
+
+
+def td_loss(q_taken: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Huber loss between Q(s, a) and the (fixed) targets, as in DQN."""
+    return F.smooth_l1_loss(q_taken, targets.detach())
+
+
+class Replay:
+    def __init__(self, size: int, dim: int):
+        self.obs, self.next_obs = np.zeros((size, dim), np.float32), np.zeros((size, dim), np.float32)
+        self.actions, self.rewards = np.zeros(size, np.int64), np.zeros(size, np.float32)
+        self.dones, self.next_masks = np.zeros(size, np.float32), np.zeros((size, NUM_ACTIONS), bool)
+        self.size, self.n, self.i = size, 0, 0
+
+    def add(self, obs, action, reward, next_obs, done, next_mask):
+        j = self.i
+        self.obs[j], self.actions[j], self.rewards[j], self.next_obs[j] = obs, action, reward, next_obs
+        self.dones[j], self.next_masks[j] = done, next_mask
+        self.i, self.n = (j + 1) % self.size, min(self.n + 1, self.size)
+
+    def sample(self, k: int, rng: np.random.Generator):
+        idx = rng.integers(0, self.n, k)
+        return [torch.from_numpy(a[idx]) for a in (self.obs, self.actions, self.rewards, self.next_obs, self.dones,
+                                                   self.next_masks)]
+
+
+# ---- one episode of the hybrid agent ----
+
+def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: float, args: Args,
+                rng: random.Random, replay: Replay | None = None, on_step=None) -> dict:
+    """Plays one episode; stores controller transitions in `replay` if given. Returns its metrics and replans."""
+    observation, _ = env.reset(seed=seed)
+    plan_, current, since, since_plan = [], None, 0, 0
+    replans: list[tuple[int, str]] = []  # (step, cause)
+    total, planner_s, controller_s, skill_uses = 0.0, 0.0, 0.0, 0
+    calls_before = planner.plans if planner else 0
+    model_calls_before = planner.model_calls if planner else 0
+    step, done, info = 0, False, {}
+
+    def replan(cause: str):
+        nonlocal plan_, current, since, since_plan, planner_s
+        t = time.perf_counter()
+        plan_ = planner.plan(env)
+        planner_s += time.perf_counter() - t
+        current, since, since_plan = (plan_.pop(0) if plan_ else None), 0, 0
+        replans.append((step, cause))
+
+    if planner is not None:
+        replan("start")
+    while not done:
+        layout, state = grid_state(env)
+        x = features(layout, state, current.target if current else None, env.max_steps)
+        mask = action_mask(layout, state, args.skills and planner is not None)
+        t = time.perf_counter()
+        if rng.random() < epsilon:
+            action = rng.choice(np.flatnonzero(mask).tolist())
+        else:
+            with torch.no_grad():
+                q = qnet(torch.from_numpy(x)[None])[0].masked_fill(~torch.from_numpy(mask), -torch.inf)
+            action = int(q.argmax())
+        move = action if action < len(ACTIONS) else adjacent_resource(layout, state)
+        skill_uses += action >= len(ACTIONS)
+        controller_s += time.perf_counter() - t
+        observation, reward, terminated, truncated, info = env.step(move)
+        step, since, since_plan = step + 1, since + 1, since_plan + 1
+        done = terminated or truncated
+        layout, state = grid_state(env)
+        reached = current is not None and state.pos == current.target and current.expected in observation
+        if replay is not None:
+            # the controller's MDP (h-DQN): under a planner it is paid for its subgoal instead of the episode's goal
+            # (reward - task component + bonus when reached), and a reached subgoal ends its episode
+            ctrl_reward = reward if planner is None else \
+                reward - info["reward_components"]["task"] + args.subgoal_bonus * reached
+            next_target = current.target if current and not reached else None
+            replay.add(x, action, ctrl_reward,
+                       features(layout, state, next_target, env.max_steps), float(done or reached),
+                       action_mask(layout, state, args.skills and planner is not None))
+        total += reward
+        if on_step:
+            on_step(step, observation, current)
+        if done or planner is None:
+            continue
+        # ---- replanning triggers (seed 003, pit 3): expectation violated, plan exhausted, periodic ----
+        if reached:
+            current, since = (plan_.pop(0) if plan_ else None), 0
+            if current is None and args.replan_when_exhausted:
+                replan("exhausted")
+        elif args.replan_on_mismatch and current is not None and since > current.expected_steps + args.replan_bound:
+            replan("mismatch")
+        elif args.replan_every and since_plan >= args.replan_every:
+            replan("periodic")
+    layout, state = grid_state(env)
+    return {"return": total, "success": float(info.get("termination") == "success"), "length": step,
+            "resources": len(state.collected), "replans": replans, "skill_uses": skill_uses,
+            "planner_calls": (planner.plans - calls_before) if planner else 0,
+            "llm_calls": (planner.model_calls - model_calls_before) if planner else 0,
+            "planner_ms_per_step": 1000 * planner_s / step, "controller_ms_per_step": 1000 * controller_s / step}
+
+
+def evaluate(env, planner, qnet, args, num: int, seed: int) -> dict[str, float]:
+    """Greedy controller on evaluation seeds disjoint from training seeds; planner calls counted per episode."""
+    rng = random.Random(seed)
+    results = [run_episode(env, (1 << 40) + seed * 1000 + i, planner, qnet, 0.0, args, rng) for i in range(num)]
+    return {"success_rate": np.mean([r["success"] for r in results]), "episodic_return": np.mean([r["return"] for r in results]),
+            "resources": np.mean([r["resources"] for r in results]), "episode_length": np.mean([r["length"] for r in results]),
+            "llm_calls_per_episode": np.mean([r["planner_calls"] for r in results]),
+            "llm_model_calls_per_episode": np.mean([r["llm_calls"] for r in results]),
+            "replans_per_episode": np.mean([len(r["replans"]) for r in results]),
+            "planner_ms_per_step": np.mean([r["planner_ms_per_step"] for r in results]),
+            "controller_ms_per_step": np.mean([r["controller_ms_per_step"] for r in results])}
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    eval_kwargs = validate_args(args)
+    device = resolve_device(args.device)
+    try:
+        train_env, eval_env = envs.make(args.env_id), envs.make(args.env_id, **eval_kwargs)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"--env-id: {e}")
+    if not isinstance(train_env, GridWorldEnv):
+        raise SystemExit(f"--env-id: the hybrid planner runs on the GridWorld family (gridworld, gridworld-procedural), "
+                         f"not {args.env_id}")
+    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+
+    # seeding
+    seed_everything(args.seed, args.torch_deterministic)
+    rng, np_rng = random.Random(args.seed), np.random.default_rng(args.seed)
+
+    model = tokenizer = None
+    if args.planner == "llm":
+        model, tokenizer = load_model(args.model, device, seed=args.seed)
+        model.eval()
+        planner = LLMPlanner(model, tokenizer, device, args.max_subgoals)
+    else:
+        planner = OraclePlanner(args.max_subgoals) if args.planner == "oracle" else None
+    train_env.reset(seed=0)
+    dim = len(features(*grid_state(train_env), None, train_env.max_steps))
+    qnet, target_net = QNetwork(dim, args.hidden_size), QNetwork(dim, args.hidden_size)
+    target_net.load_state_dict(qnet.state_dict())
+    optimizer = torch.optim.Adam(qnet.parameters(), lr=args.learning_rate)
+    replay = Replay(args.buffer_size, dim)
+
+    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=True)
+    print0(f"run {run_name}: planner {args.planner}"
+           f"{' (' + args.model + ')' if args.planner == 'llm' else ''} on {args.env_id}, {args.total_episodes} episodes")
+
+    def run_eval(episode: int):
+        m = evaluate(eval_env, planner, qnet, args, args.eval_episodes, args.seed)
+        tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episode)
+        print0(f"eval @ {episode} episodes | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f} "
+               f"| resources {m['resources']:.2f} | steps {m['episode_length']:.1f} "
+               f"| planner calls/ep {m['llm_calls_per_episode']:.1f} | planner {m['planner_ms_per_step']:.1f} ms/step "
+               f"| controller {m['controller_ms_per_step']:.2f} ms/step")
+
+    run_eval(0)
+    start, updates, window, causes = time.time(), 0, [], Counter()
+    recent_losses, recent_q = deque(maxlen=200), deque(maxlen=200)
+    decay_episodes = max(1, int(args.exploration_fraction * args.total_episodes))
+    for episode in range(1, args.total_episodes + 1):
+        epsilon = max(args.epsilon_end, args.epsilon_start - (args.epsilon_start - args.epsilon_end) * episode / decay_episodes)
+
+        def learn(step, observation, subgoal):  # one DQN update per environment step
+            global updates
+            if replay.n < max(args.learning_starts, args.replay_batch_size):
+                return
+            obs, act, rew, nxt, dn, nmask = replay.sample(args.replay_batch_size, np_rng)
+            q = qnet(obs).gather(1, act[:, None]).squeeze(1)
+            with torch.no_grad():
+                y = double_dqn_targets(rew, dn, qnet(nxt), target_net(nxt), nmask, args.gamma)
+            loss = td_loss(q, y)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(qnet.parameters(), 10.0)
+            optimizer.step()
+            updates += 1
+            if updates % args.target_update_every == 0:
+                target_net.load_state_dict(qnet.state_dict())
+            recent_losses.append(loss.item())
+            recent_q.append(q.mean().item())
+
+        train_seed = args.seed * 1_000_003 + episode
+        result = run_episode(train_env, train_seed, planner, qnet, epsilon, args, rng, replay, on_step=learn)
+        window.append(result)
+        causes.update(c for _, c in result["replans"])
+        if episode % args.log_every == 0 or episode == args.total_episodes:
+            mean = lambda k: float(np.mean([r[k] for r in window]))  # noqa: E731
+            steps = sum(r["length"] for r in window)
+            tracker.scalars({
+                "charts/episodic_return": mean("return"), "charts/success_rate": mean("success"),
+                "charts/episode_length": mean("length"), "charts/resources": mean("resources"),
+                "charts/llm_calls_per_episode": mean("planner_calls"),
+                "charts/llm_model_calls_per_episode": mean("llm_calls"),
+                "charts/replans_per_episode": float(np.mean([len(r["replans"]) for r in window])),
+                **{f"charts/replans_{c}": causes[c] / len(window) for c in ("start", "mismatch", "exhausted", "periodic")},
+                "losses/td_loss": float(np.mean(recent_losses)) if recent_losses else 0.0,
+                "losses/q_values": float(np.mean(recent_q)) if recent_q else 0.0,
+                "diagnostics/epsilon": epsilon,
+                "diagnostics/skill_rate": sum(r["skill_uses"] for r in window) / steps,
+                "diagnostics/updates": updates,
+                "perf/planner_ms_per_step": mean("planner_ms_per_step"),
+                "perf/controller_ms_per_step": mean("controller_ms_per_step"),
+                "perf/episodes_per_s": episode / (time.time() - start),
+            }, episode)
+            print0(f"episode {episode}/{args.total_episodes} | return {mean('return'):.2f} | success {mean('success'):.2f} "
+                   f"| resources {mean('resources'):.2f} | eps {epsilon:.2f} | replans/ep "
+                   f"{np.mean([len(r['replans']) for r in window]):.2f} ({dict(causes)}) | td "
+                   f"{np.mean(recent_losses) if recent_losses else 0:.4f} | {time.time() - start:.0f}s")
+            window, causes = [], Counter()
+        if args.eval_every and episode % args.eval_every == 0 and episode != args.total_episodes:
+            run_eval(episode)
+    run_eval(args.total_episodes)
+
+    if args.save_model:
+        path = os.path.join(args.output_dir, run_name)
+        torch.save(qnet.state_dict(), os.path.join(path, "controller.pt"))
+        if model is not None:
+            model.save_pretrained(os.path.join(path, "model"))
+            tokenizer.save_pretrained(os.path.join(path, "model"))
+        print0(f"controller{' and planner' if model is not None else ''} saved to {path}")
+    if planner is not None:
+        print0(f"planner: {planner.plans} plans; {planner.model_calls} LLM forwards, {planner.cache_hits} choices "
+               "answered from the cache")
+    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    tracker.close()

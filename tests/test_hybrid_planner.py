@@ -1,0 +1,147 @@
+"""hybrid_planner.py: the Double-DQN target by hand, the replanning triggers, the planners, and the controller
+alone learning the seed-003 layout."""
+
+import importlib.util
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+from common.tracking import read_scalars
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("hybrid_planner", ROOT / "algorithms" / "hybrid_planner.py")
+hp = importlib.util.module_from_spec(spec)
+sys.modules["hybrid_planner"] = hp  # dataclasses look their module up by name
+spec.loader.exec_module(hp)
+
+
+class FixedQ(torch.nn.Module):
+    """A controller that always prefers one action."""
+
+    def __init__(self, action: int):
+        super().__init__()
+        self.action = action
+
+    def forward(self, x):
+        q = torch.zeros(x.shape[0], hp.NUM_ACTIONS)
+        q[:, self.action] = 1.0
+        return q
+
+
+class StubPlanner:
+    """Returns the same one-subgoal plan every time."""
+
+    def __init__(self, subgoal):
+        self.subgoal, self.plans, self.model_calls, self.cache_hits = subgoal, 0, 0, 0
+
+    def plan(self, env):
+        self.plans += 1
+        return [self.subgoal]
+
+
+def test_double_dqn_target_by_hand():
+    rewards, dones = torch.tensor([1.0, 0.5]), torch.tensor([0.0, 1.0])
+    q_online = torch.tensor([[1.0, 3.0, 0, 0, 0], [2.0, 0.0, 0, 0, 0]])
+    q_target = torch.tensor([[10.0, 20.0, 0, 0, 0], [30.0, 40.0, 0, 0, 0]])
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    y = hp.double_dqn_targets(rewards, dones, q_online, q_target, mask, gamma=0.9)
+    # row 0: online argmax = 1, evaluated by the target net: 1 + 0.9 * 20; row 1 is terminal: 0.5
+    assert y.tolist() == pytest.approx([19.0, 0.5])
+    mask[0, 1] = False  # action 1 not allowed in s': the argmax falls back to action 0 (Q_target = 10)
+    y = hp.double_dqn_targets(rewards, dones, q_online, q_target, mask, gamma=0.9)
+    assert y.tolist() == pytest.approx([10.0, 0.5])
+    assert hp.td_loss(torch.tensor([10.0, 1.5]), y).item() == pytest.approx((0 + 0.5) / 2)  # Huber: |d| - 0.5 beyond 1
+
+
+def make_args(**kw):
+    return hp.Args(**{"skills": False, **kw})
+
+
+def test_a_violated_expectation_triggers_replanning_after_the_bound():
+    env = envs.make("gridworld")
+    # expected at (0, 7) within 2 steps; a controller that only moves up never gets there
+    subgoal = hp.Subgoal("go to the goal at row 0, column 7", (0, 7), "reached the goal", expected_steps=2)
+    result = hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0, make_args(replan_bound=3), random.Random(0))
+    assert result["replans"] == [(0, "start"), (6, "mismatch"), (12, "mismatch"), (18, "mismatch")]
+    result = hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0, make_args(replan_bound=0), random.Random(0))
+    assert result["replans"][1] == (3, "mismatch")  # bound 0: the first step past the expected duration
+    off = hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0, make_args(replan_on_mismatch=False),
+                         random.Random(0))
+    assert off["replans"] == [(0, "start")]
+    periodic = hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0,
+                              make_args(replan_on_mismatch=False, replan_every=5), random.Random(0))
+    assert [s for s, _ in periodic["replans"]] == [0, 5, 10, 15]
+
+
+def test_a_met_expectation_advances_the_plan_and_an_exhausted_plan_replans():
+    env = envs.make("gridworld")  # start (2, 0); "up" leads to (1, 0)
+    subgoal = hp.Subgoal("go up", (1, 0), "You moved up", expected_steps=1)
+    result = hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0, make_args(), random.Random(0))
+    assert result["replans"][:2] == [(0, "start"), (1, "exhausted")]
+    none = hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0, make_args(replan_when_exhausted=False),
+                          random.Random(0))
+    assert none["replans"] == [(0, "start")]
+
+
+def test_controller_reward_pays_the_subgoal_instead_of_the_goal():
+    env = envs.make("gridworld")
+    replay = hp.Replay(100, 161)
+    # subgoal (1, 0) is reached by "up": env reward -0.05, bonus +3, and the controller's episode ends there
+    subgoal = hp.Subgoal("go up", (1, 0), "You moved up", expected_steps=1)
+    hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0, make_args(subgoal_bonus=3.0), random.Random(0), replay)
+    assert replay.rewards[0] == pytest.approx(-0.05 + 3.0) and replay.dones[0] == 1.0
+    assert replay.obs[0][4 * 32 + 1 * 8 + 0] == 1.0  # the subgoal channel marks (1, 0)
+    assert replay.dones[1] == 0.0  # the re-planned subgoal starts a new controller episode that goes on
+
+
+def test_oracle_plan_follows_the_shortest_path():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    plan = hp.OraclePlanner(max_subgoals=3).plan(env)
+    assert [s.expected for s in plan] == ["collected a resource", "collected a resource", "reached the goal"]
+    assert sum(s.expected_steps for s in plan) == env.optimal_steps() == 11
+
+
+def test_skill_is_offered_only_next_to_a_resource():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    layout, state = hp.grid_state(env)
+    assert not hp.action_mask(layout, state, skills=True)[4]
+    for move in ("right", "right", "right"):  # (2, 3): the resource at (2, 4) is next to the agent
+        env.step(move)
+    layout, state = hp.grid_state(env)
+    assert hp.action_mask(layout, state, skills=True)[4] and hp.adjacent_resource(layout, state) == 3
+    assert not hp.action_mask(layout, state, skills=False)[4]
+
+
+def test_llm_planner_caches_its_choices(tiny):
+    model, tok = tiny
+    planner = hp.LLMPlanner(model, tok, torch.device("cpu"), max_subgoals=3)
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    first = planner.plan(env)
+    calls = planner.model_calls
+    assert 1 <= len(first) <= 3 and calls == len(first)
+    assert all(s.expected != "reached the goal" for s in first[:-1])  # a plan ends at its first goal
+    again = planner.plan(env)
+    assert [s.target for s in again] == [s.target for s in first] and planner.model_calls == calls
+    assert planner.cache_hits == len(first) and planner.plans == 2
+
+
+def test_controller_alone_learns_the_seed003_layout(tmp_path):
+    cmd = [sys.executable, str(ROOT / "algorithms" / "hybrid_planner.py"), "--planner", "none", "--total-episodes", "300",
+           "--eval-every", "0", "--eval-episodes", "5", "--output-dir", str(tmp_path), "--seed", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = next(tmp_path.iterdir())
+    scalars = read_scalars(run)
+    before, after = scalars["eval/success_rate"][0][1], scalars["eval/success_rate"][-1][1]
+    ret_before, ret_after = scalars["eval/episodic_return"][0][1], scalars["eval/episodic_return"][-1][1]
+    print(f"controller alone: success {before:.2f} -> {after:.2f}, return {ret_before:.2f} -> {ret_after:.2f}")
+    assert before == 0.0 and after == 1.0 and ret_after >= 3.5
