@@ -91,7 +91,7 @@ class Args:
     # Algorithm specific arguments
     planner: Literal["llm", "oracle", "none"] = "llm"
     """`llm`: hybrid; `oracle`: shortest-path planner (upper bound); `none`: the controller alone (pure RL)"""
-    total_episodes: int = 1500
+    total_episodes: int = 800
     """training episodes of the controller"""
     max_subgoals: int = 3
     """subgoals per plan (a plan also ends at the first goal)"""
@@ -129,7 +129,7 @@ class Args:
     """width of the controller's two hidden layers"""
     log_every: int = 25
     """episodes per logged training point"""
-    eval_every: int = 250
+    eval_every: int = 200
     """greedy evaluation every N training episodes (and before training and at the end); 0: only at the end"""
     eval_episodes: int = 50
     """episodes per greedy evaluation (seed 003 reports 50)"""

@@ -51,7 +51,7 @@ class Args:
     """the LLM (planner of the hybrid; actor of the pure-LLM agent)"""
     seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
     """seeds of the trained agents"""
-    total_episodes: int = 1500
+    total_episodes: int = 800
     """training episodes of the controller (RL, hybrid, oracle)"""
     eval_episodes: int = 50
     """greedy evaluation episodes (seed 003: 50)"""
