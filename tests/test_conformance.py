@@ -40,7 +40,7 @@ def args_fields(path: Path) -> dict[str, bool]:
     return fields
 
 
-def run_script(path: Path, tmp_path: Path, *extra: str, timeout=300):
+def run_script(path: Path, tmp_path: Path, *extra: str, timeout=600):
     tmp_path.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(path), "--model", "tiny", "--output-dir", str(tmp_path), *module_literal(path, "SMOKE_TEST_ARGS"),
            *extra]
@@ -76,7 +76,7 @@ def test_file_header_imports_and_args(path):
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_help_reads_well(path):
-    proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for flag in ["--seed", "--model", "--env-id", "--device", "--exp-name", "--save-model", "--no-save-model"]:
@@ -91,7 +91,7 @@ def test_bad_flags_fail_fast_with_a_message(path, tmp_path):
         if not bad:
             continue
         proc = subprocess.run([sys.executable, str(path), "--model", "tiny", "--output-dir", str(tmp_path), *bad],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=300)
         assert proc.returncode != 0
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert bad[0].lstrip("-") in (proc.stderr + proc.stdout).replace("_", "-"), proc.stderr[-2000:]
