@@ -1,0 +1,473 @@
+# docs: docs/cql.md
+"""Discrete-action Conservative Q-Learning on an LM's state encoding (Kumar et al. 2020; seed 003 §4.3),
+with behaviour cloning and filtered behaviour cloning baselines on the same network and data.
+
+Q(s, .) is a head (linear or MLP) over the environment's `action_names`, on top of the LM's final hidden
+state at the last prompt position of the state text: system prompt + the last K (observation, action)
+turns + the current observation, in the model's chat template. The loss (`--mode cql`) is CQL(H), eq. 4
+of the paper, with a double-DQN TD target and a target network:
+
+    L(theta) = alpha * E_{s~D}[ logsumexp_a Q(s, a) - Q(s, a_D) ]  +  1/2 E_{(s,a,r,s')~D}[ (Q(s, a) - y)^2 ]
+    y = r + gamma * (1 - done) * Q_target(s', argmax_a' Q(s', a'))            (van Hasselt et al. 2016)
+
+The first term pushes Q down on every action (soft-max) and up on the data's action, so actions the data
+never took cannot look better than those it did (the OOD problem of seed 003 §4.2). `--mode bc` trains the
+same network with cross-entropy on the data's actions (softmax over Q as logits); `--mode filtered-bc` does
+that on seed 003 §4's filtered demonstrations only (success, no hesitant runs, none over-long).
+Every `--eval-every` updates the greedy policy argmax_a Q(s, a) plays the environment online.
+
+Usage:
+    python algorithms/cql.py                                        # smollm2-135m (frozen), GridWorld, 200 suboptimal episodes
+                                                                    # (encoding ~800 states: ~7 CPU-min; updates + evals: minutes)
+    python algorithms/cql.py --mode bc                              # the behaviour-cloning baseline, same data
+    python algorithms/cql.py --mode filtered-bc                     # BC on seed 003's filtered demonstrations
+    python algorithms/cql.py --dataset datasets/gridworld_suboptimal.jsonl   # a dataset from benchmarks/collect_offline.py
+    python algorithms/cql.py --model tiny --total-updates 50 --dataset-episodes 8   # seconds, for a smoke test
+    python algorithms/cql.py --train-backbone --device cuda         # fine-tune the LM too (one forward per batch)
+
+Copying this file out: it needs `common/` (offline.py for datasets) and `envs/` for the built-in
+environments (or any `package.module:Factory` with `action_names` passed as --env-id).
+
+Where this departs from the paper / seed:
+- The paper's discrete-action CQL sits on QR-DQN for Atari; here it is plain double DQN (online argmax, target
+  evaluation) with a Polyak-averaged target network (`--tau 1 --target-update-every N` is a hard copy).
+- Seed 003 writes the penalty as `Q(s,a) - log(1/|D| sum exp Q(s,a_i))`; we use the paper's CQL(H),
+  `logsumexp_a Q(s,a) - Q(s,a_D)` (seed 003's text garbles the sign/terms; the intent, penalise values of
+  actions the data does not support, is the same).
+- With the backbone frozen (default) every distinct state text is encoded once and its feature vector cached,
+  so an update costs milliseconds; `--train-backbone` forwards the LM for every batch (online, and the target
+  network keeps its own copy of the LM).
+- `done` is 1 only when the episode terminated (success / failure); a time-limit truncation bootstraps.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import tyro
+from torch import nn
+
+import envs
+from common.chat import ChatFormat
+from common.distributed import print0, seed_everything
+from common.models import load_model, resolve_device
+from common.offline import collect, dataset_stats, filter_demonstrations, load_dataset, transitions, write_dataset
+from common.records import Trajectory, Turn
+from common.tracking import Tracker, make_run_name
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (model init for `tiny`, the Q head, minibatch sampling, collected dataset)"""
+    torch_deterministic: bool = True
+    """use deterministic torch algorithms, so the same seed gives the same numbers on CPU"""
+    device: str = "cpu"
+    """`cpu`, `cuda`, `cuda:N` or `auto`"""
+    save_model: bool = False
+    """save the LM (Hugging Face format) and the Q head (`q_head.pt`) to `runs/{run_name}/model`"""
+    model: str = "smollm2-135m"
+    """`tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
+    env_id: str = "gridworld"
+    """a discrete-action environment (with `action_names`): gridworld, gridworld-procedural, frozenlake, taxi, ..."""
+    output_dir: str = "runs"
+    """where run directories are created"""
+
+    # Algorithm specific arguments
+    mode: Literal["cql", "bc", "filtered-bc"] = "cql"
+    """`cql`: CQL(H) + double-DQN TD loss; `bc`: cross-entropy on every action of the data; `filtered-bc`: on seed 003's filtered demonstrations"""
+    dataset: str = ""
+    """a dataset written by benchmarks/collect_offline.py (JSONL + .meta.json); empty: collect one (next flags)"""
+    dataset_quality: Literal["expert", "suboptimal", "noisy", "llm"] = "suboptimal"
+    """without --dataset: the behaviour policy of the collected data (`llm`: this script's --model, zero-shot)"""
+    dataset_episodes: int = 200
+    """without --dataset: number of episodes to collect"""
+    dataset_epsilon: float = 0.4
+    """without --dataset, quality `suboptimal`: probability of a random action instead of the expert's (0.4: ~70% success on GridWorld, seed 003's annotator data)"""
+    history_len: int = 0
+    """K: previous (observation, action) turns included in the state text (0: the current observation only, Markov for our grid games)"""
+    train_backbone: bool = False
+    """train the LM with the head (one forward per batch) instead of caching frozen features"""
+    head: Literal["mlp", "linear"] = "mlp"
+    """the Q head on the LM's final hidden state"""
+    head_hidden: int = 256
+    """width of the MLP head's hidden layer"""
+    total_updates: int = 3000
+    """gradient updates"""
+    minibatch_size: int = 128
+    """transitions per update"""
+    learning_rate: float = 3e-4
+    """Adam learning rate of the Q head"""
+    backbone_learning_rate: float = 1e-5
+    """Adam learning rate of the LM when --train-backbone"""
+    gamma: float = 0.99
+    """discount"""
+    cql_alpha: float = 1.0
+    """alpha: weight of the CQL(H) regulariser (0: plain double DQN on the data)"""
+    tau: float = 0.005
+    """target network update: theta' <- tau * theta + (1 - tau) * theta' (1.0: hard copy)"""
+    target_update_every: int = 1
+    """update the target network every N updates"""
+    max_grad_norm: float = 10.0
+    """gradient clipping"""
+    filter_max_repeat_fraction: float = 0.4
+    """filtered-bc: drop runs whose repeated states exceed this fraction (seed 003: unique < 0.6 x states)"""
+    filter_max_steps: int = 0
+    """filtered-bc: drop runs longer than this (seed 003: 3 x the optimal length; 0: no length rule)"""
+    encode_batch_size: int = 32
+    """states per LM forward when encoding (memory only)"""
+    eval_every: int = 500
+    """greedy online evaluation every N updates (and before the first and after the last); 0: only after the last"""
+    eval_episodes: int = 4
+    """episodes per evaluation (the fixed GridWorld layout is deterministic: 1 suffices there); 0: no evaluation"""
+    log_every: int = 50
+    """log losses every N updates"""
+
+    # filled in at runtime
+    num_transitions: tyro.conf.Suppress[int] = 0
+    """transitions in the training data (after filtering)"""
+    num_states: tyro.conf.Suppress[int] = 0
+    """distinct state texts in the training data"""
+
+
+# read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
+SMOKE_TEST_ARGS = ["--dataset-episodes", "6", "--total-updates", "10", "--minibatch-size", "16", "--log-every", "5",
+                   "--eval-every", "10", "--eval-episodes", "1"]
+LOGGED_TAGS = ("losses/loss", "losses/td_loss", "losses/cql_regulariser", "diagnostics/q_data", "diagnostics/q_logsumexp",
+               "diagnostics/td_target", "diagnostics/action_agreement", "diagnostics/grad_norm", "perf/encode_s",
+               "perf/updates_per_s", "perf/eval_s", "eval/episodic_return", "eval/success_rate", "eval/episode_length")
+
+
+def validate_args(args: Args):
+    problems = []
+    for name in ("dataset_episodes", "total_updates", "minibatch_size", "encode_batch_size", "log_every",
+                 "target_update_every", "head_hidden"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("history_len", "eval_every", "eval_episodes", "filter_max_steps", "cql_alpha"):
+        if getattr(args, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} must be >= 0")
+    if not 0 <= args.gamma <= 1 or not 0 < args.tau <= 1 or not 0 <= args.dataset_epsilon <= 1:
+        problems.append("--gamma and --dataset-epsilon must be in [0, 1], --tau in (0, 1]")
+    if not 0 <= args.filter_max_repeat_fraction < 1:
+        problems.append("--filter-max-repeat-fraction must be in [0, 1)")
+    if args.dataset and not os.path.exists(args.dataset):
+        problems.append(f"--dataset {args.dataset} does not exist")
+    if problems:
+        raise SystemExit("cql.py: " + "; ".join(problems))
+
+
+# ---- the losses: pure functions of Q-values -------------------------------------------------------------
+def td_target(q_next_online: torch.Tensor, q_next_target: torch.Tensor, rewards, dones, gamma: float):
+    """Double DQN (van Hasselt et al. 2016): y = r + gamma (1 - done) Q_target(s', argmax_a' Q_online(s', a')).
+    q_next_*: [B, A]; rewards, dones: [B] (dones 0 at truncation, so the time limit bootstraps)."""
+    best = q_next_online.argmax(-1, keepdim=True)
+    return rewards + gamma * (1.0 - dones) * q_next_target.gather(-1, best).squeeze(-1)
+
+
+def cql_regulariser(q: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """CQL(H), Kumar et al. 2020 eq. 4: E_s[ logsumexp_a Q(s, a) - Q(s, a_D) ]. q: [B, A], actions: [B]."""
+    return (torch.logsumexp(q, -1) - q.gather(-1, actions[:, None]).squeeze(-1)).mean()
+
+
+def cql_loss(q: torch.Tensor, actions: torch.Tensor, target: torch.Tensor, alpha: float):
+    """alpha * CQL(H) + 1/2 E[(Q(s, a_D) - y)^2] (eq. 4; the 1/2 is the paper's). Returns (loss, td, reg)."""
+    td = 0.5 * (q.gather(-1, actions[:, None]).squeeze(-1) - target.detach()).pow(2).mean()
+    reg = cql_regulariser(q, actions)
+    return td + alpha * reg, td, reg
+
+
+def bc_loss(q: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Behaviour cloning: -E log softmax(Q(s, .))[a_D], the same network read as policy logits."""
+    return F.cross_entropy(q, actions)
+
+
+# ---- the state encoder: the LM's last hidden state of the chat-formatted state text ---------------------
+def state_texts(history: list[str], observation: str, k: int) -> tuple[str, ...]:
+    """[obs_{t-K}, a_{t-K}, ..., obs_{t-1}, a_{t-1}, obs_t]: the last K turns and the current observation."""
+    return tuple((history[len(history) - 2 * k:] if k else []) + [observation])
+
+
+def state_ids(chat: ChatFormat, system: str, texts: tuple[str, ...]) -> list[int]:
+    """System + first observation as the opening prompt, then each (action, observation) as an appended turn,
+    ending at the assistant header: the position where the policy would answer."""
+    ids = chat.prompt_ids(system, texts[0])
+    for action, obs in zip(texts[1::2], texts[2::2]):
+        ids += chat.encode(action) + chat.next_turn_ids(obs, action_ended_with_eos=False)
+    return ids
+
+
+def encode_states(body, ids_list: list[list[int]], pad_id: int, device) -> torch.Tensor:
+    """Final hidden state at the last position of each sequence, [B, H]. The batch's common prefix (the
+    system prompt) is run once and its KV cache repeated: most of a state's tokens are that prefix."""
+    from transformers import DynamicCache
+
+    n = min(len(ids) for ids in ids_list)
+    p = 0
+    while p < n - 1 and all(ids[p] == ids_list[0][p] for ids in ids_list):
+        p += 1
+    cache, prefix_mask = DynamicCache(), torch.ones((1, p), dtype=torch.long, device=device)
+    if p:
+        body(input_ids=torch.tensor([ids_list[0][:p]], device=device), attention_mask=prefix_mask,
+             past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(len(ids_list))
+    width = max(len(ids) for ids in ids_list) - p
+    ids = torch.full((len(ids_list), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids_list), width), dtype=torch.long)
+    for row, full in enumerate(ids_list):  # left-padded suffixes: position -1 is every row's last token
+        ids[row, width - len(full) + p:] = torch.tensor(full[p:])
+        mask[row, width - len(full) + p:] = 1
+    attn = torch.cat([prefix_mask.expand(len(ids_list), p), mask.to(device)], 1)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
+    out = body(input_ids=ids.to(device), attention_mask=attn, position_ids=pos, past_key_values=cache if p else None,
+               use_cache=bool(p)).last_hidden_state
+    return out[:, -1].float()
+
+
+class QHead(nn.Module):
+    """Q(s, .) from an LM feature vector: a fixed standardisation (per-dimension mean and std of the training
+    states' features, so the small differences between similar states' hidden states are not lost under
+    their large shared component), then a linear layer or a one-hidden-layer MLP."""
+
+    def __init__(self, kind: str, hidden_size: int, width: int, num_actions: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(hidden_size))
+        self.register_buffer("std", torch.ones(hidden_size))
+        self.net = (nn.Linear(hidden_size, num_actions) if kind == "linear" else
+                    nn.Sequential(nn.Linear(hidden_size, width), nn.ReLU(), nn.Linear(width, num_actions)))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net((features - self.mean) / self.std)
+
+
+def soft_update(target: nn.Module, online: nn.Module, tau: float):
+    with torch.no_grad():
+        for t, o in zip(target.parameters(), online.parameters()):
+            t.lerp_(o, tau)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    validate_args(args)
+    device = resolve_device(args.device)
+    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    try:  # fail fast on a bad --env-id, before loading a model
+        probe = envs.make(args.env_id)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"--env-id: {e}")
+    if not getattr(probe, "action_names", None):
+        raise SystemExit(f"--env-id {args.env_id}: CQL needs a discrete-action environment (with action_names)")
+    meta = {}
+    if args.dataset:
+        try:
+            trajs, meta = load_dataset(args.dataset)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"--dataset: {e}")
+        if meta.get("env_id", args.env_id) != args.env_id:
+            raise SystemExit(f"--dataset {args.dataset} was collected on {meta['env_id']}; pass --env-id {meta['env_id']}")
+    env_kwargs = meta.get("env_kwargs") or {}
+    action_names = list(envs.make(args.env_id, **env_kwargs).action_names)
+
+    seed_everything(args.seed, args.torch_deterministic)
+    model, tokenizer = load_model(args.model, device, seed=args.seed)
+    chat = ChatFormat(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.eos_id
+    body = model.get_decoder()
+    run_dir = os.path.join(args.output_dir, run_name)
+
+    # ---- the data: a dataset file, or one collected now (and written into the run directory) ----
+    if not args.dataset:
+        t0 = time.time()
+        trajs = collect(args.env_id, args.dataset_quality, args.dataset_episodes, args.seed, args.dataset_epsilon,
+                        model=(model, tokenizer), device=str(device))
+        meta = {"env_id": args.env_id, "env_kwargs": {}, "quality": args.dataset_quality, "seed": args.seed,
+                "epsilon": args.dataset_epsilon if args.dataset_quality == "suboptimal" else None}
+        write_dataset(os.path.join(run_dir, "dataset.jsonl"), trajs, meta)
+        print0(f"collected {len(trajs)} {args.dataset_quality} episodes in {time.time() - t0:.1f}s")
+    stats = dataset_stats(trajs)
+    print0(f"dataset: {stats['episodes']} episodes, {stats['num_steps']} transitions, success {stats['success_rate']:.2f}, "
+           f"mean return {stats['mean_return']:.2f}")
+    if args.mode == "filtered-bc":
+        trajs = filter_demonstrations(trajs, args.filter_max_repeat_fraction, args.filter_max_steps or None)
+        print0(f"filtered-bc: {len(trajs)} of {stats['episodes']} episodes kept (seed 003 §4 filter)")
+        if not trajs:
+            raise SystemExit("--mode filtered-bc: the demonstration filter kept no episode (no successes in the data?)")
+
+    # ---- transitions -> state indices; each distinct state text is encoded once ----
+    state_index: dict[tuple[str, ...], int] = {}
+    s_idx, actions, rewards, s2_idx, dones = [], [], [], [], []
+    for traj in trajs:
+        for tr in transitions(traj):
+            if not 0 <= tr.action < len(action_names):
+                raise SystemExit(f"--dataset: action {tr.action} out of range for {args.env_id}'s {action_names}")
+            s = state_texts(tr.history, tr.observation, args.history_len)
+            s2 = state_texts(tr.history + [tr.observation, tr.action_name], tr.next_observation, args.history_len)
+            s_idx.append(state_index.setdefault(s, len(state_index)))
+            s2_idx.append(state_index.setdefault(s2, len(state_index)) if args.mode == "cql" else 0)  # BC needs no s'
+            actions.append(tr.action)
+            rewards.append(tr.reward)
+            dones.append(float(tr.done))
+    system = trajs[0].extra["system_prompt"]
+    all_ids = [state_ids(chat, system, s) for s in state_index]
+    S, A, R, S2, D = (torch.tensor(x, device=device) for x in (s_idx, actions, rewards, s2_idx, dones))
+    R, D = R.float(), D.float()
+    args.num_transitions, args.num_states = len(s_idx), len(state_index)
+    tracker = Tracker(run_dir, vars(args))
+
+    head = QHead(args.head, model.config.hidden_size, args.head_hidden, len(action_names)).to(device)
+    if args.train_backbone:
+        body.train()
+        target_body = copy.deepcopy(body).requires_grad_(False).eval()
+        params = [{"params": head.parameters(), "lr": args.learning_rate},
+                  {"params": body.parameters(), "lr": args.backbone_learning_rate}]
+    else:
+        body.requires_grad_(False)
+        params = [{"params": head.parameters(), "lr": args.learning_rate}]
+    optimizer = torch.optim.Adam(params)
+
+    def encode(ids_list: list[list[int]], encoder=body) -> torch.Tensor:
+        order = sorted(range(len(ids_list)), key=lambda i: len(ids_list[i]))  # similar lengths: little padding
+        out = [None] * len(ids_list)
+        for c in range(0, len(order), args.encode_batch_size):
+            chunk = order[c:c + args.encode_batch_size]
+            for i, f in zip(chunk, encode_states(encoder, [ids_list[i] for i in chunk], pad_id, device)):
+                out[i] = f
+        return torch.stack(out)
+
+    t0 = time.time()
+    features = None
+    if not args.train_backbone:  # the speed-up: the frozen LM sees each distinct state exactly once
+        with torch.no_grad():
+            features = encode(all_ids)
+        sample = features
+    else:  # the standardisation comes from the initial LM's features of (up to 1024 of) the training states
+        with torch.no_grad():
+            sample = encode([all_ids[i] for i in torch.randperm(len(all_ids), generator=torch.Generator().manual_seed(
+                args.seed))[:1024].tolist()])
+    head.mean.copy_(sample.mean(0))
+    std = sample.std(0, unbiased=False)
+    head.std.copy_(std.clamp(min=0.1 * float(std.mean())) + 1e-6)  # a floor: near-constant dims must not explode
+    target_head = copy.deepcopy(head).requires_grad_(False)
+    encode_s = time.time() - t0
+    print0(f"run {run_name}: {args.mode} on {args.num_transitions} transitions, {args.num_states} distinct states "
+           f"({sum(map(len, all_ids)) / len(all_ids):.0f} tokens each), encoded in {encode_s:.1f}s")
+    tracker.scalars({"perf/encode_s": encode_s}, 0)
+    eval_cache: dict[tuple[str, ...], torch.Tensor] = dict(zip(state_index, features)) if features is not None else {}
+
+    def q_values(idx: torch.Tensor, hd=head, bd=None) -> torch.Tensor:
+        if features is not None:
+            return hd(features[idx])
+        return hd(encode([all_ids[i] for i in idx.tolist()], body if bd is None else bd))
+
+    def evaluate(step: int) -> None:
+        """Greedy episodes (argmax_a Q) in lockstep, online in the environment, on fresh seeds."""
+        t_eval = time.time()
+        env_list = [envs.make(args.env_id, **env_kwargs) for _ in range(args.eval_episodes)]
+        seeds = [(1 << 40) + args.seed * 1000 + i for i in range(args.eval_episodes)]
+        obs = [e.reset(seed=s)[0] for e, s in zip(env_list, seeds)]
+        hist, turns, term = [[] for _ in env_list], [[] for _ in env_list], [None] * len(env_list)
+        body.eval()
+        while any(t is None for t in term):
+            live = [i for i, t in enumerate(term) if t is None]
+            texts = [state_texts(hist[i], obs[i], args.history_len) for i in live]
+            with torch.no_grad():
+                new = [t for t in dict.fromkeys(texts) if t not in eval_cache]
+                if new:
+                    feats = encode([state_ids(chat, env_list[0].system_prompt, t) for t in new])
+                    if features is not None:  # the frozen LM's features never change: keep them
+                        eval_cache.update(zip(new, feats))
+                    else:
+                        fresh = dict(zip(new, feats))
+                q = head(torch.stack([eval_cache[t] if t in eval_cache else fresh[t] for t in texts]))
+            for i, a in zip(live, q.argmax(-1).tolist()):
+                o, r, terminated, truncated, info = env_list[i].step(a)
+                turns[i].append(Turn(action_text=action_names[a], observation=o, reward=float(r), action_valid=True,
+                                     num_action_tokens=0))
+                hist[i] += [obs[i], action_names[a]]
+                obs[i] = o
+                if terminated or truncated:
+                    term[i] = info.get("termination", "truncated" if truncated else "failure")
+        if args.train_backbone:
+            body.train()
+        ep = [Trajectory([], [], [], step, t, {}, sum(u.reward for u in t), term[i], "", "", seeds[i], args.env_id)
+              for i, t in enumerate(turns)]
+        m = {"eval/episodic_return": float(np.mean([t.return_ for t in ep])),
+             "eval/success_rate": float(np.mean([t.success for t in ep])),
+             "eval/episode_length": float(np.mean([t.num_steps for t in ep])), "perf/eval_s": time.time() - t_eval}
+        tracker.scalars(m, step)
+        tracker.trajectories(ep, step)
+        print0(f"eval @ update {step} | success {m['eval/success_rate']:.2f} | return {m['eval/episodic_return']:.2f} "
+               f"| length {m['eval/episode_length']:.1f}")
+
+    # ---- training: minibatches of transitions ----
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    if args.eval_every and args.eval_episodes:
+        evaluate(0)
+    start, t_log, sums = time.time(), time.time(), {}
+    for update in range(1, args.total_updates + 1):
+        batch = torch.randint(len(s_idx), (args.minibatch_size,), generator=gen).to(device)
+        s, a = S[batch], A[batch]
+        q = q_values(s)
+        if args.mode == "cql":
+            with torch.no_grad():
+                q_next_online = q_values(S2[batch])
+                q_next_target = q_values(S2[batch], target_head, target_body if args.train_backbone else None)
+                y = td_target(q_next_online, q_next_target, R[batch], D[batch], args.gamma)
+            loss, td, reg = cql_loss(q, a, y, args.cql_alpha)
+            logs = {"losses/td_loss": td.item(), "losses/cql_regulariser": reg.item(), "diagnostics/td_target": y.mean().item()}
+        else:
+            loss = bc_loss(q, a)
+            logs = {"losses/bc_loss": loss.item()}
+        optimizer.zero_grad()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], args.max_grad_norm)
+        optimizer.step()
+        if args.mode == "cql" and update % args.target_update_every == 0:
+            soft_update(target_head, head, args.tau)
+            if args.train_backbone:
+                soft_update(target_body, body, args.tau)
+        with torch.no_grad():
+            logs.update({"losses/loss": loss.item(), "diagnostics/grad_norm": grad_norm.item(),
+                         "diagnostics/q_data": q.gather(-1, a[:, None]).mean().item(),
+                         "diagnostics/q_logsumexp": torch.logsumexp(q, -1).mean().item(),
+                         "diagnostics/action_agreement": (q.argmax(-1) == a).float().mean().item()})
+        for k, v in logs.items():
+            sums[k] = sums.get(k, 0.0) + v
+        if update % args.log_every == 0 or update == args.total_updates:
+            n = args.log_every if update % args.log_every == 0 else update % args.log_every
+            means = {k: v / n for k, v in sums.items()}
+            means["perf/updates_per_s"] = n / (time.time() - t_log)
+            tracker.scalars(means, update)
+            print0(f"update {update}/{args.total_updates} | loss {means['losses/loss']:.4f} "
+                   + (f"| td {means['losses/td_loss']:.4f} | cql {means['losses/cql_regulariser']:.4f} "
+                      if args.mode == "cql" else "")
+                   + f"| Q(s,a_D) {means['diagnostics/q_data']:.3f} | agree {means['diagnostics/action_agreement']:.2f} "
+                   f"| {means['perf/updates_per_s']:.0f} upd/s")
+            sums, t_log = {}, time.time()
+        if args.eval_episodes and ((args.eval_every and update % args.eval_every == 0) or update == args.total_updates):
+            evaluate(update)
+
+    if args.save_model:
+        path = os.path.join(args.output_dir, run_name, "model")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        torch.save(head.state_dict(), os.path.join(path, "q_head.pt"))
+        with open(os.path.join(path, "q_head.json"), "w") as f:  # how to rebuild the head and its state text
+            json.dump({"head": args.head, "head_hidden": args.head_hidden, "action_names": action_names,
+                       "history_len": args.history_len, "system_prompt": system}, f, indent=2)
+        print0(f"model and Q head saved to {path}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {tracker.run_dir}")
+    tracker.close()

@@ -1,0 +1,127 @@
+"""CQL's pure pieces against hand-computed values, the state encoder against a plain forward, and `--model tiny`
+runs: a learning check on expert data, the --train-backbone path, and a dataset file from the collector."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.chat import ChatFormat
+from common.offline import collect, transitions, write_dataset
+from common.tracking import read_scalars
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("cql", ROOT / "algorithms" / "cql.py")
+cql = importlib.util.module_from_spec(spec)
+sys.modules["cql"] = cql
+spec.loader.exec_module(cql)
+
+
+def test_td_target_double_dqn_hand_computed():
+    online = torch.tensor([[1.0, 3.0], [2.0, 0.0], [5.0, 4.0]])  # argmax: 1, 0, 0
+    target = torch.tensor([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]])  # evaluated there: 20, 30, 50
+    rewards, dones = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 1.0, 0.0])
+    y = cql.td_target(online, target, rewards, dones, gamma=0.9)
+    # the target network evaluates the online argmax (not its own max 60 for row 2); terminal rows: y = r
+    assert torch.allclose(y, torch.tensor([1 + 0.9 * 20, 2.0, 3 + 0.9 * 50]))
+
+
+def test_td_target_bootstraps_at_truncation_not_at_termination():
+    truncated = next(t for t in collect("gridworld", "noisy", 20, seed=0) if t.termination == "truncated")
+    success = collect("gridworld", "expert", 1, seed=0)[0]
+    last = [transitions(truncated)[-1], transitions(success)[-1]]
+    rewards = torch.tensor([t.reward for t in last])
+    dones = torch.tensor([float(t.done) for t in last])
+    q_next = torch.tensor([[1.0, 2.0, 0.5, 0.0], [4.0, 1.0, 1.0, 1.0]])
+    y = cql.td_target(q_next, q_next, rewards, dones, gamma=0.5)
+    assert dones.tolist() == [0.0, 1.0]
+    assert y.tolist() == pytest.approx([-0.05 + 0.5 * 2.0, 3.0 - 0.05])  # time limit: r + gamma max Q; goal: r only
+
+
+def test_cql_regulariser_and_loss_hand_computed():
+    q = torch.tensor([[0.0, math.log(3.0)], [2.0, 2.0]], requires_grad=True)
+    actions = torch.tensor([0, 1])
+    y = torch.tensor([1.0, 0.0])
+    # row 0: logsumexp(0, ln 3) = ln 4, minus Q(s, a=0) = 0; row 1: ln(2 e^2) - 2 = ln 2; mean 1.5 ln 2
+    assert cql.cql_regulariser(q, actions).item() == pytest.approx(1.5 * math.log(2.0))
+    loss, td, _ = cql.cql_loss(q, actions, y, alpha=2.0)
+    expected_td = 0.5 * ((0.0 - 1.0) ** 2 + (2.0 - 0.0) ** 2) / 2  # 1/2 mean (Q(s,a_D) - y)^2 = 1.25
+    assert td.item() == pytest.approx(expected_td)
+    assert loss.item() == pytest.approx(expected_td + 2.0 * 1.5 * math.log(2.0))
+    loss.backward()
+    # d/dQ: alpha (softmax(Q) - onehot(a_D)) / B + (Q(s,a_D) - y) onehot(a_D) / B; y gets no gradient
+    expected = torch.tensor([[2.0 * (0.25 - 1) / 2 + (0.0 - 1.0) / 2, 2.0 * 0.75 / 2],
+                             [2.0 * 0.5 / 2, 2.0 * (0.5 - 1) / 2 + (2.0 - 0.0) / 2]])
+    assert torch.allclose(q.grad, expected, atol=1e-6)
+
+
+def test_bc_loss_is_cross_entropy_over_q_logits():
+    q = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]])
+    assert cql.bc_loss(q, torch.tensor([1, 0])).item() == pytest.approx((-math.log(0.75) - math.log(0.5)) / 2)
+
+
+def test_state_text_window_and_ids(tiny):
+    _, tok = tiny
+    chat = ChatFormat(tok)
+    hist = ["o0", "up", "o1", "left"]
+    assert cql.state_texts(hist, "o2", 0) == ("o2",)
+    assert cql.state_texts(hist, "o2", 1) == ("o1", "left", "o2")
+    assert cql.state_texts(hist, "o2", 5) == ("o0", "up", "o1", "left", "o2")
+    ids = cql.state_ids(chat, "SYS", ("o1", "left", "o2"))
+    text = tok.decode(ids)
+    assert text == ("<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\no1<|im_end|>\n<|im_start|>assistant\n"
+                    "left<|im_end|>\n<|im_start|>user\no2<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_encode_states_shares_the_prefix_and_equals_plain_forwards(tiny):
+    model, tok = tiny
+    chat, body = ChatFormat(tok), model.get_decoder()
+    texts = [("Step 0/20. A at 1",), ("o", "up", "Step 1/20. A at 2, longer"), ("x",)]
+    ids = [cql.state_ids(chat, "You are A.", t) for t in texts] + [[5, 6, 7]]  # the last shares no prefix
+    with torch.no_grad():
+        plain = torch.stack([body(input_ids=torch.tensor([i])).last_hidden_state[0, -1] for i in ids])
+        assert torch.allclose(cql.encode_states(body, ids[:3], tok.pad_token_id, "cpu"), plain[:3], atol=1e-5)
+        assert torch.allclose(cql.encode_states(body, ids, tok.pad_token_id, "cpu"), plain, atol=1e-5)
+
+
+def run_cql(tmp_path, *flags, timeout=300):
+    proc = subprocess.run([sys.executable, str(ROOT / "algorithms" / "cql.py"), "--model", "tiny", "--output-dir",
+                           str(tmp_path), *flags], capture_output=True, text=True, timeout=timeout, cwd=tmp_path, check=False)
+    return proc, sorted(p for p in tmp_path.iterdir() if p.is_dir())
+
+
+def test_tiny_cql_learns_gridworld_from_expert_data(tmp_path):
+    proc, runs = run_cql(tmp_path, "--dataset-quality", "expert", "--dataset-episodes", "3", "--total-updates", "400",
+                         "--minibatch-size", "64", "--eval-every", "400", "--eval-episodes", "1", "--log-every", "100",
+                         "--save-model")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scalars = read_scalars(runs[-1])
+    (first_step, first), (last_step, last) = scalars["eval/episodic_return"][0], scalars["eval/episodic_return"][-1]
+    assert (first_step, last_step) == (0, 400) and first < 0  # the random head wanders for 20 steps
+    assert last == pytest.approx(4.45) and scalars["eval/success_rate"][-1][1] == 1.0  # the optimal return
+    assert scalars["diagnostics/action_agreement"][-1][1] == 1.0
+    assert scalars["losses/cql_regulariser"][-1][1] < scalars["losses/cql_regulariser"][0][1]
+    meta = json.loads((runs[-1] / "dataset.jsonl.meta.json").read_text())  # the collected data lives in the run
+    assert meta["quality"] == "expert" and meta["episodes"] == 3
+    head = torch.load(runs[-1] / "model" / "q_head.pt")
+    assert head["net.2.weight"].shape == (4, 256) and head["mean"].shape == (64,)
+
+
+def test_tiny_train_backbone_history_and_dataset_file(tmp_path):
+    trajs = collect("gridworld", "suboptimal", 3, seed=0)
+    write_dataset(tmp_path / "data" / "gw.jsonl", trajs, {"env_id": "gridworld", "env_kwargs": {}})
+    proc, runs = run_cql(tmp_path, "--dataset", str(tmp_path / "data" / "gw.jsonl"), "--train-backbone", "--history-len",
+                         "1", "--head", "linear", "--total-updates", "4", "--minibatch-size", "4", "--log-every", "2",
+                         "--eval-every", "4", "--eval-episodes", "1", "--tau", "1.0", "--target-update-every", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "distinct states" in proc.stdout
+    scalars = read_scalars([r for r in runs if r.name != "data"][-1])
+    assert len(scalars["losses/td_loss"]) == 2 and math.isfinite(scalars["losses/loss"][-1][1])
+    proc, _ = run_cql(tmp_path, "--dataset", str(tmp_path / "data" / "gw.jsonl"), "--env-id", "frozenlake")
+    assert proc.returncode != 0 and "collected on gridworld; pass --env-id gridworld" in proc.stderr
+    assert "Traceback" not in proc.stderr
