@@ -1,0 +1,239 @@
+"""RLEF's pieces: the execution reward, pass@k, advantages and loss by hand, feedback masking, an update, a tiny run."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.chat import ChatFormat
+from common.rollout import behavior_units, policy_logprobs
+from common.tracking import read_scalars
+from envs.codegen import REWARD_INVALID, CodegenEnv, generate_task
+from envs.sandbox import same_value
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("rlef", ROOT / "algorithms" / "rlef.py")
+rlef = importlib.util.module_from_spec(spec)
+sys.modules["rlef"] = rlef
+spec.loader.exec_module(rlef)
+
+
+def fenced(code: str) -> str:
+    return f"Here is the function.\n```python\n{code}```"
+
+
+def affine_task():
+    """The first level-1 training task from the `affine` template (f(x) = a * x + b), and its seed."""
+    seed = next(s for s in range(200) if "/affine/" in generate_task(s, "train", 1).task_id)
+    return seed, generate_task(seed, "train", 1)
+
+
+def partial_solution(task) -> str:
+    """The reference on x >= 0, a wrong constant below: passes some tests, fails others."""
+    return task.reference.replace("return ", "return 0 if x < 0 else ", 1)
+
+
+def expected_fraction(task, code: str) -> float:
+    """Pass fraction computed here, outside the sandbox, by running the (trusted) code on every test."""
+    namespace = {}
+    exec(code, namespace)
+    fn = namespace[task.entry_point]
+    return sum(same_value(fn(*t.args), t.expected) for t in task.tests) / len(task.tests)
+
+
+# --- the reward: fraction of passing tests (eq. 12.13) ----------------------------------------------------
+
+
+def test_reward_is_the_fraction_of_passing_tests(tiny):
+    _, tok = tiny
+    chat = ChatFormat(tok)
+    seed, task = affine_task()
+    env = CodegenEnv("train", 1, max_attempts=1)
+    partial = partial_solution(task)
+    frac = expected_fraction(task, partial)
+    assert 0 < frac < 1  # really partially correct
+    cases = {"known-good": (task.reference, 1.0, "success"), "partial": (partial, frac, "failure"),
+             "broken (syntax)": (f"def {task.entry_point}(x:\n    return x\n", 0.0, "failure"),
+             "broken (raises)": (f"def {task.entry_point}(x):\n    raise ValueError(x)\n", 0.0, "failure")}
+    for name, (code, fraction, termination) in cases.items():
+        traj = rlef.scripted_episode(chat, env, seed, [fenced(code)])
+        assert traj.return_ == pytest.approx(fraction), name
+        assert traj.rewards["task"] == pytest.approx(fraction) and traj.rewards["format"] == 0.0, name
+        assert traj.termination == termination, name
+    # no code block: nothing runs, the format penalty is the whole reward
+    traj = rlef.scripted_episode(chat, env, seed, ["def f(x): return x"])
+    assert traj.return_ == pytest.approx(REWARD_INVALID) and traj.rewards["task"] == 0.0
+    assert traj.termination == "invalid_action"
+
+
+def test_multi_turn_reward_is_the_last_attempts_fraction(tiny):
+    _, tok = tiny
+    chat = ChatFormat(tok)
+    seed, task = affine_task()
+    env = CodegenEnv("train", 1, max_attempts=3)
+    partial = partial_solution(task)
+    fixed = rlef.scripted_episode(chat, env, seed, [fenced(partial), fenced(task.reference)])
+    assert fixed.return_ == pytest.approx(1.0) and fixed.termination == "success"
+    worse = rlef.scripted_episode(chat, env, seed, [fenced(partial), "no code", fenced(partial)])
+    # task components telescope to the last attempt's fraction; one format penalty for the attempt without code
+    assert worse.rewards["task"] == pytest.approx(expected_fraction(task, partial))
+    assert worse.return_ == pytest.approx(expected_fraction(task, partial) + REWARD_INVALID)
+    assert worse.termination == "failure"
+
+
+def test_reference_demonstration_trains_only_the_code_answer(tiny):
+    _, tok = tiny
+    chat = ChatFormat(tok)
+    seed, task = affine_task()
+    demo = rlef.reference_demonstration(chat, CodegenEnv("train", 1), seed)
+    demo.validate()
+    ((start, end),) = demo.policy_token_spans()
+    assert end == len(demo.token_ids)
+    assert demo.token_ids[start:end] == chat.encode(f"```python\n{task.reference}```") + [chat.eos_id]
+    # and that answer, run through the environment, is a correct submission
+    env = CodegenEnv("train", 1, max_attempts=1)
+    assert rlef.scripted_episode(chat, env, seed, [tok.decode(demo.token_ids[start:end - 1])]).return_ == 1.0
+
+
+# --- pass@k, advantages, loss: hand-computed ----------------------------------------------------------------
+
+
+def test_pass_at_k_unbiased_estimator_hand_computed():
+    assert rlef.pass_at_k(5, 2, 1) == pytest.approx(0.4)  # c / n
+    assert rlef.pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert rlef.pass_at_k(10, 1, 4) == pytest.approx(1 - math.comb(9, 4) / math.comb(10, 4))  # = 0.4
+    assert rlef.pass_at_k(4, 0, 4) == 0.0
+    assert rlef.pass_at_k(4, 1, 4) == 1.0 and rlef.pass_at_k(5, 3, 3) == 1.0  # n - c < k: some draw passes
+
+
+def test_advantages_grpo_per_group_and_ppo_per_batch():
+    returns = torch.tensor([[1.0, 0.0, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2]])
+    grpo = rlef.advantages(returns, "grpo", 1e-4)
+    std0 = math.sqrt((0.25 + 0.25 + 0 + 0) / 4)  # group 0: mean 0.5
+    assert torch.allclose(grpo[0], torch.tensor([0.5, -0.5, 0.0, 0.0]) / (std0 + 1e-4))
+    assert torch.equal(grpo[1], torch.zeros(4))  # zero variance: no signal
+    ppo = rlef.advantages(returns, "ppo", 1e-4)
+    mean = returns.mean().item()  # 0.35 over the whole batch
+    std = math.sqrt(((returns - mean) ** 2).mean().item())
+    assert torch.allclose(ppo, (returns - mean) / (std + 1e-4), atol=1e-6)
+    assert ppo[1, 0].item() < 0  # a zero-variance group still gets a (batch-relative) advantage
+
+
+def test_clipped_loss_hand_computed_and_micro_batches_add_up():
+    logp = torch.log(torch.tensor([[0.5, 0.4, 0.9], [0.3, 0.2, 1.0]]))
+    old = torch.log(torch.tensor([[0.25, 0.4, 0.5], [0.6, 0.2, 1.0]]))
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    loss, stats = rlef.clipped_loss(logp, old, adv, mask, 0.2, num_units=5)
+    # ratios [2, 1, 1.8] with A=+1 -> [1.2, 1, 1.2]; [0.5, 1] with A=-2 -> min(-1, -1.6) = -1.6, and -2
+    assert loss.item() == pytest.approx(-(1.2 + 1.0 + 1.2 - 1.6 - 2.0) / 5, abs=1e-6)
+    assert stats["clipped"] == 3 and stats["ratio_sum"] == pytest.approx(6.3, abs=1e-5)
+    parts = sum(rlef.clipped_loss(logp[i:i + 1], old[i:i + 1], adv[i:i + 1], mask[i:i + 1], 0.2, 5)[0] for i in range(2))
+    assert parts.item() == pytest.approx(loss.item(), abs=1e-6)
+
+
+# --- the loss ignores execution-feedback tokens -------------------------------------------------------------
+
+
+def test_loss_ignores_execution_feedback_tokens(tiny):
+    model, tok = tiny
+    chat = ChatFormat(tok)
+    seed, task = affine_task()
+    env = CodegenEnv("train", 1, max_attempts=2)
+    traj = rlef.scripted_episode(chat, env, seed, [fenced(partial_solution(task)), fenced(task.reference)])
+    traj.validate()
+    # the execution feedback after attempt 1 is in the record, and every one of its tokens has mask 0
+    env.reset(seed=seed)
+    feedback, *_ = env.step(fenced(partial_solution(task)))
+    assert "tests passed" in feedback and "Public test" in feedback
+    segment = chat.next_turn_ids(feedback, action_ended_with_eos=True)
+    n = len(segment)
+    (at,) = [i for i in range(len(traj.token_ids) - n) if traj.token_ids[i:i + n] == segment]
+    assert not any(traj.source_mask[at:at + n])
+    spans = traj.policy_token_spans()
+    assert len(spans) == 2 and spans[0][1] == at and spans[1][0] == at + n  # attempt, feedback, attempt
+    # the loss, as the trainer computes it, equals the surrogate over the two attempts' tokens only
+    units = policy_logprobs(model, [traj], "free")
+    old = units.logprobs.detach() - 0.1  # ratio e^0.1, inside no clip with eps 0.3
+    adv = torch.tensor([0.7])
+    loss, _ = rlef.clipped_loss(units.logprobs, old, adv, units.mask, 0.3, int(units.mask.sum()))
+    with torch.no_grad():
+        logp_all = F.log_softmax(model(input_ids=torch.tensor([traj.token_ids])).logits[0].float(), -1)
+    ids = torch.tensor(traj.token_ids)
+    next_logp = logp_all[:-1].gather(-1, ids[1:, None]).squeeze(-1)  # log p(token j | tokens < j), j >= 1
+    policy = torch.tensor(traj.source_mask[1:], dtype=torch.bool)
+    expected = -(0.7 * math.exp(0.1) * policy.sum()) / policy.sum()  # ratio is e^0.1 on every policy token
+    assert int(units.mask.sum()) == sum(traj.source_mask) == int(policy.sum())
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(units.logprobs[0], next_logp[policy], atol=1e-4)
+    # behaviour log-probs of feedback tokens (nonzero only by a bug) never reach the loss
+    traj.behavior_logprobs = [lp if m else 5.0 for lp, m in zip(traj.behavior_logprobs, traj.source_mask)]
+    old_units, mask = behavior_units([traj], "free")
+    assert mask.sum() == sum(traj.source_mask) and (old_units == 0).all()
+
+
+# --- one update moves probability towards the passing submission --------------------------------------------
+
+
+def test_update_raises_the_passing_submission_and_lowers_the_failing_one(tiny):
+    model, tok = tiny
+    chat = ChatFormat(tok)
+    seed, task = affine_task()
+    env = CodegenEnv("train", 1, max_attempts=1)
+    good = fenced(task.reference)
+    bad = fenced(f"def {task.entry_point}(x):\n    return x\n")
+    group = [rlef.scripted_episode(chat, env, seed, [text]) for text in (good, bad, good, bad)]
+    returns = torch.tensor([[t.return_ for t in group]])
+    assert returns[0, 0] == 1.0 and returns[0, 1] < 1.0
+    with torch.no_grad():  # the behaviour log-probs a sampler would have recorded
+        before = policy_logprobs(model, group, "free")
+    for t, row in zip(group, before.logprobs):
+        lps = iter(row.tolist())
+        t.behavior_logprobs = [next(lps) if m else 0.0 for m in t.source_mask]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        args = SimpleNamespace(update_epochs=3, micro_batch_size=2, temperature=1.0, clip_eps=0.2, max_grad_norm=1.0)
+        params = list(model.parameters())
+        opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+        stats = rlef.update_policy(model, opt, params, group, rlef.advantages(returns, "grpo", 1e-4).flatten(), args)
+        assert stats["mismatch"] < 1e-4 and stats["num_units"] == sum(sum(t.source_mask) for t in group)
+        with torch.no_grad():
+            after = policy_logprobs(model, group, "free")
+        gain = ((after.logprobs - before.logprobs) * before.mask).sum(1) / before.mask.sum(1)
+        assert gain[0] > 0 and gain[2] > 0 and gain[1] < 0 and gain[3] < 0
+    finally:
+        model.load_state_dict(state)
+
+
+# --- validation and a short tiny run -------------------------------------------------------------------------
+
+
+def test_bad_values_fail_with_the_flag_name():
+    for changes, flag in (({"eval_k": 5, "eval_samples": 2}, "--eval-k"), ({"group_size": 1}, "--group-size"),
+                          ({"level": 4}, "--level"), ({"update_epochs": 0}, "--update-epochs")):
+        with pytest.raises(SystemExit, match=flag):
+            rlef.validate_args(rlef.Args(**changes))
+
+
+def test_tiny_run_completes_with_ppo_curriculum_and_filtering(tmp_path):
+    cmd = [sys.executable, str(ROOT / "algorithms" / "rlef.py"), "--model", "tiny", "--output-dir", str(tmp_path),
+           "--advantage", "ppo", "--total-iterations", "2", "--group-size", "2", "--max-turn-tokens", "6",
+           "--resample-budget", "1", "--promote-threshold", "0", "--curriculum-window", "2",
+           "--eval-tasks", "1", "--humaneval-tasks", "1", "--eval-samples", "2", "--eval-k", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    scalars = read_scalars(run_dir)
+    # threshold 0: the level goes up after the first full window
+    assert [v for _, v in scalars["charts/curriculum_level"]] == [1.0, 2.0]
+    # a random model writes no code: every group is all-invalid (zero variance), filtered and resampled once
+    assert [v for _, v in scalars["diagnostics/zero_variance_groups"]] == [1.0, 1.0]
+    assert [v for _, v in scalars["charts/invalid_action_rate"]] == [1.0, 1.0]
+    assert [v for _, v in scalars["eval/pass@1"]] == [0.0, 0.0]  # before and after training
+    assert "moving to level 2" in proc.stdout
