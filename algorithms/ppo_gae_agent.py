@@ -1,0 +1,574 @@
+# docs: docs/ppo_gae_agent.md
+"""Multi-turn PPO with a learned value head and GAE for LLM agents (Schulman et al. 2017; GAE: Schulman et
+al. 2016; seed 000 "用于交互式 Agent 的 PPO"; seed 003 §2.3-2.4; in choice mode GLAM, Carta et al. 2023, and
+TWOSOME, Tan et al. 2024).
+
+A value head (a linear layer on the LM's last hidden state, or on a separate critic LM by flag) predicts,
+at the position where each agent turn's action is predicted, the return from that state (seed 000: "the
+value head learns how likely this trajectory is to succeed from here"). Advantages come from GAE over the
+episode's turns, one value per turn and the environment's per-step rewards, and every policy unit of the
+turn (each sampled token in free mode, the action in choice mode) gets its turn's advantage. The loss is
+PPO's clipped surrogate over policy units only, a clipped value loss, an entropy bonus and a k3 KL penalty
+to the frozen initial policy; advantages are whitened; the batch is reused for epochs of minibatches.
+
+Usage:
+    python algorithms/ppo_gae_agent.py                                    # smollm2-135m, GridWorld, choice mode, CPU
+    python algorithms/ppo_gae_agent.py --model tiny --total-iterations 5  # a random tiny model: a smoke test
+    python algorithms/ppo_gae_agent.py --env-id babyai-gotoredball --max-episode-steps 24  # GLAM's setting
+    python algorithms/ppo_gae_agent.py --action-mode free --gae-level token # free text, token-level GAE
+    python algorithms/ppo_gae_agent.py --critic separate                  # a second LM as critic
+    python algorithms/ppo_gae_agent.py --device cuda                      # one GPU
+    torchrun --nproc_per_node 2 algorithms/ppo_gae_agent.py --model tiny  # data parallel (gloo on CPU, NCCL on GPU)
+
+Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
+`package.module:Factory` passed as --env-id).
+
+Where this departs from the paper / seed:
+- GAE runs over agent turns, not tokens: the MDP's steps are the environment's steps, and the turn's
+  advantage is given to all of its tokens (`--gae-level token` runs GAE over policy tokens instead, with
+  the turn's reward on its last token and gamma applied only between turns).
+- Truncated episodes bootstrap with V(s_T), the value of the final observation, which the rollout never
+  feeds to the model: the record plus that observation goes through a no-grad forward (folded into the
+  V_old pass when the whole model is trained) (`--no-bootstrap-truncated`: truncation is terminal, V = 0).
+- The KL penalty to the reference is a loss term (k3 estimator, as in GRPO), not a reward-shaping term.
+- pi_old is the behaviour log-prob recorded by the sampler (no extra forward; the trainer/sampler gap is
+  logged before the first optimizer step); V_old comes from one no-grad pass before the update.
+- Defaults follow seed 003 §2.4 where it gives ranges (lr 1e-5, KL 0.01, clip 0.2, lambda 0.95); its
+  "rollout batch 128-1024" is read as environment steps: 16 episodes of up to 20 steps.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Literal
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import tyro
+
+import envs
+from common.distributed import all_reduce_mean, init_distributed, print0, seed_everything
+from common.models import load_model, resolve_device
+from common.records import Trajectory
+from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
+from common.tracking import Tracker, make_run_name
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment (part of the run directory name)"""
+    seed: int = 1
+    """seed of the experiment (model init for `tiny`, sampling, environment seeds)"""
+    torch_deterministic: bool = True
+    """use deterministic torch algorithms, so the same seed gives the same numbers on CPU"""
+    device: str = "cpu"
+    """`cpu`, `cuda`, `cuda:N` or `auto`"""
+    save_model: bool = False
+    """save the final policy (Hugging Face format) to `runs/{run_name}/model` (and the value head next to it)"""
+    model: str = "smollm2-135m"
+    """`tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
+    env_id: str = "gridworld"
+    """environment id (`gridworld`, `workspace`, `babyai-gotolocal`, ...) or `package.module:Factory`"""
+    output_dir: str = "runs"
+    """where run directories are created"""
+
+    # Algorithm specific arguments
+    total_iterations: int = 25
+    """number of PPO iterations (rollout + update)"""
+    num_episodes: int = 16
+    """episodes per iteration, per process (each on its own environment seed)"""
+    max_episode_steps: int = 0
+    """passed to the environment as `max_steps` (0: the environment's default); BabyAI's 64 steps are long for CPU"""
+    action_mode: Literal["free", "choice"] = "choice"
+    """`choice`: a distribution over the environment's action names (GLAM/TWOSOME); `free`: generated text"""
+    choice_token_norm: bool = True
+    """TWOSOME normalisation: divide an action's log-prob by its token count (matters for multi-token names)"""
+    critic: Literal["shared", "separate"] = "shared"
+    """`shared`: the value head sits on the policy LM; `separate`: on a second copy of the LM (2x memory)"""
+    learning_rate: float = 1e-5
+    """AdamW learning rate of the LM(s) (seed 003 §2.4: 1e-6 to 1e-5)"""
+    value_learning_rate: float = 1e-3
+    """AdamW learning rate of the value head (zero-initialised)"""
+    trainable_layers: int = 6
+    """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
+    gamma: float = 0.99
+    """discount per environment step"""
+    gae_lambda: float = 0.95
+    """GAE lambda (seed 003 §2.4: 0.95)"""
+    gae_level: Literal["turn", "token"] = "turn"
+    """`turn`: one value per agent turn, advantage spread to the turn's tokens; `token`: GAE over policy tokens (free mode)"""
+    bootstrap_truncated: bool = True
+    """bootstrap truncated episodes with V(final observation); off: truncation is treated as termination"""
+    update_epochs: int = 2
+    """optimisation epochs over each batch"""
+    num_minibatches: int = 2
+    """optimizer steps per epoch (the batch's episodes are shuffled and split)"""
+    micro_batch_size: int = 4
+    """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
+    clip_eps: float = 0.2
+    """policy ratio clip: [1 - eps, 1 + eps] (seed 003 §2.4: 0.1 to 0.2)"""
+    value_clip: float = 0.5
+    """clip V - V_old to [-c, c] in the value loss (PPO2's clipped value loss, in return units); 0 disables"""
+    vf_coef: float = 0.5
+    """weight of the value loss"""
+    ent_coef: float = 0.01
+    """weight of the entropy bonus"""
+    beta: float = 0.01
+    """k3 KL coefficient to the frozen initial policy (seed 003 §2.4: 0.01 to 0.1); 0 skips the reference model"""
+    norm_adv: bool = True
+    """whiten advantages over the batch's policy units"""
+    max_grad_norm: float = 1.0
+    """gradient clipping"""
+    temperature: float = 2.0
+    """sampling temperature of training rollouts (and of the policy being optimised)"""
+    top_p: float = 1.0
+    """nucleus sampling during training rollouts"""
+    max_turn_tokens: int = 8
+    """free mode: cap on generated tokens per turn"""
+    max_total_tokens: int = 4096
+    """cap on an episode's whole token sequence (hitting it ends the episode as truncated)"""
+    eval_every: int = 5
+    """greedy evaluation every N iterations (and before the first and after the last); 0 disables"""
+    eval_episodes: int = 8
+    """episodes per greedy evaluation"""
+
+    # filled in at runtime
+    world_size: tyro.conf.Suppress[int] = 1
+    """number of processes (torchrun)"""
+    batch_size: tyro.conf.Suppress[int] = 0
+    """episodes per iteration over all processes: num_episodes * world_size"""
+
+
+# read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
+SMOKE_TEST_ARGS = ["--total-iterations", "1", "--num-episodes", "4", "--eval-every", "1", "--eval-episodes", "2"]
+LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
+               "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/kl", "diagnostics/clip_fraction",
+               "diagnostics/value_clip_fraction", "diagnostics/approx_kl", "diagnostics/ratio_mean",
+               "diagnostics/advantage_std", "diagnostics/explained_variance", "diagnostics/value_mean",
+               "diagnostics/bootstrap_fraction", "diagnostics/logprob_mismatch", "diagnostics/policy_lag",
+               "perf/rollout_tokens_per_s", "perf/env_steps_per_s", "perf/rollout_s", "perf/update_s",
+               "eval/success_rate", "eval/episodic_return")
+
+
+def validate_args(args: Args):
+    problems = []
+    for name in ("total_iterations", "num_episodes", "update_epochs", "num_minibatches", "micro_batch_size",
+                 "max_turn_tokens"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+    if args.num_minibatches > args.num_episodes:
+        problems.append("--num-minibatches must be <= --num-episodes (a minibatch holds whole episodes)")
+    if not 0 <= args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        problems.append("--gamma and --gae-lambda must be in [0, 1]")
+    if not 0 < args.clip_eps < 1 or args.value_clip < 0:
+        problems.append("--clip-eps must be in (0, 1) and --value-clip >= 0")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.max_episode_steps < 0:
+        problems.append("--max-episode-steps must be >= 0")
+    if problems:
+        raise SystemExit("ppo_gae_agent.py: " + "; ".join(problems))
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, next_value: float, gammas: torch.Tensor, lam: float):
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over one episode's K steps.
+
+    delta_k = r_k + gamma_k V_{k+1} - V_k,  A_k = delta_k + gamma_k lambda A_{k+1},  with V_K = `next_value`:
+    V(s_T) when the episode was cut short (bootstrap), 0 after a true termination. Returns (A, A + V),
+    the second being the lambda-return that is the value target.
+    """
+    adv = torch.zeros_like(values)
+    last = 0.0
+    for k in reversed(range(len(rewards))):
+        v_next = next_value if k == len(rewards) - 1 else values[k + 1]
+        delta = rewards[k] + gammas[k] * v_next - values[k]
+        last = delta + gammas[k] * lam * last
+        adv[k] = last
+    return adv, adv + values
+
+
+def episode_gae(traj: Trajectory, plan, values: torch.Tensor, final_value: float, lam: float, bootstrap_truncated: bool):
+    """GAE for one episode: bootstrap from V(s_T) only when it was cut short (`truncated`); success, failure
+    and an invalid-action ending are terminal (V = 0). Returns (step advantages, step returns, unit advantages)."""
+    _, unit_step, rewards, gammas = plan
+    next_value = final_value if bootstrap_truncated and traj.termination == "truncated" else 0.0
+    adv, ret = gae(rewards, values, next_value, gammas, lam)
+    return adv, ret, adv[unit_step]
+
+
+def episode_steps(traj: Trajectory, action_mode: str, level: str, gamma: float):
+    """The GAE steps of one record: where each step's value is read, and each step's reward and discount.
+
+    Returns (positions, unit_step, rewards, gammas): `positions[k]` is the index of the token after which step
+    k's action is predicted (the last context token before it); `unit_step[u]` the step of policy unit u.
+    Turn level: one step per agent turn. Token level (free mode): one step per policy token, the turn's
+    reward on its last token, and gamma only between turns (within a turn the environment does not move).
+    """
+    rewards_t = [turn.reward for turn in traj.turns]
+    if action_mode == "choice":
+        positions = [s.position - 1 for s in traj.choice_steps]
+        return positions, list(range(len(positions))), torch.tensor(rewards_t), torch.full((len(positions),), gamma)
+    spans = traj.policy_token_spans()  # one span of sampled tokens per turn
+    if level == "turn":
+        unit_step = [k for k, (s, e) in enumerate(spans) for _ in range(e - s)]
+        return [s - 1 for s, _ in spans], unit_step, torch.tensor(rewards_t), torch.full((len(spans),), gamma)
+    positions, rewards, gammas = [], [], []
+    for k, (s, e) in enumerate(spans):
+        positions += range(s - 1, e - 1)
+        rewards += [0.0] * (e - s - 1) + [rewards_t[k]]
+        gammas += [1.0] * (e - s - 1) + [gamma]
+    return positions, list(range(len(positions))), torch.tensor(rewards), torch.tensor(gammas)
+
+
+def units_and_values(model, value_head, trajs, positions, action_mode, temperature, token_norm, trunk=(None, 0)):
+    """One packed forward (common.rollout.policy_logprobs) giving the policy units *and* V at `positions`.
+
+    The values are read from the same final hidden states the LM head uses (captured at the final norm),
+    so the shared-trunk critic costs one linear layer. Returns (UnitBatch, values [B, S], step mask [B, S]).
+    """
+    captured = {}
+    handle = model.get_decoder().norm.register_forward_hook(lambda _m, _i, out: captured.__setitem__("h", out))
+    try:
+        units = policy_logprobs(model, trajs, action_mode, temperature, token_norm, *trunk)
+    finally:
+        handle.remove()
+    hidden = captured["h"]
+    width = max(1, max(len(p) for p in positions))
+    index = torch.zeros((len(trajs), width), dtype=torch.long)
+    mask = torch.zeros((len(trajs), width))
+    for i, p in enumerate(positions):
+        index[i, : len(p)], mask[i, : len(p)] = torch.tensor(p, dtype=torch.long), 1.0
+    index, mask = index.to(hidden.device), mask.to(hidden.device)
+    h = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    return units, value_head(h.float()).squeeze(-1) * mask, mask
+
+
+@torch.no_grad()
+def final_state_values(model, value_head, trajs, tails, micro_batch_size):
+    """V(s_T) for episodes cut short: the record plus the final observation's ids (never fed during the
+    rollout), value read at the last token. A full forward: the frozen trunk's recorded inputs stop earlier."""
+    body, device, out = model.get_decoder(), next(model.parameters()).device, []
+    for c in range(0, len(trajs), micro_batch_size):
+        seqs = [t.token_ids + tail for t, tail in zip(trajs[c: c + micro_batch_size], tails[c: c + micro_batch_size])]
+        lengths = torch.tensor([len(s) for s in seqs])
+        ids = torch.zeros((len(seqs), int(lengths.max())), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+        attn = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
+        hidden = body(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
+        last = hidden[torch.arange(len(seqs), device=device), lengths.to(device) - 1]
+        out.append(value_head(last.float()).squeeze(-1))
+    return torch.cat(out).cpu() if out else torch.zeros(0)
+
+
+def ppo_loss(logp, old_logp, ref_logp, adv, unit_mask, entropy, values, old_values, returns, step_mask,
+             clip_eps, value_clip, vf_coef, ent_coef, beta, num_units, num_steps):
+    """PPO's objective (Schulman et al. 2017, eq. 9: L^CLIP - c1 L^VF + c2 S) plus beta * KL, to minimise.
+
+    Policy terms are over policy units ([B, U], `adv` already per unit), value terms over GAE steps ([B, S]).
+    `num_units` / `num_steps` are the counts of the whole minibatch, so micro-batches accumulate to it.
+    Value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2) (PPO2's clipped value loss).
+    """
+    ratio = torch.exp(logp - old_logp)
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)  # eq. 7
+    kl = torch.zeros_like(logp)
+    if beta > 0:  # k3 estimator of KL(pi || pi_ref), >= 0 (Schulman 2020)
+        log_r = ref_logp - logp
+        kl = torch.exp(log_r) - log_r - 1
+    policy_loss = ((-surrogate + beta * kl) * unit_mask).sum() / max(num_units, 1)
+    entropy_mean = (entropy * unit_mask).sum() / max(num_units, 1)
+    v_loss = (values - returns) ** 2
+    if value_clip > 0:
+        v_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+        v_loss = torch.max(v_loss, (v_clipped - returns) ** 2)
+    value_loss = 0.5 * (v_loss * step_mask).sum() / max(num_steps, 1)
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy_mean
+    with torch.no_grad():
+        m, sm = unit_mask.bool(), step_mask.bool()
+        log_ratio = logp - old_logp
+        stats = {
+            "policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy_mean.item(),
+            "kl": (kl[m].sum() / max(num_units, 1)).item(),
+            "clip": ((ratio - 1).abs() > clip_eps)[m].float().sum().item() / max(num_units, 1),
+            "value_clip": ((values - old_values).abs() > value_clip)[sm].float().sum().item() / max(num_steps, 1)
+            if value_clip > 0 else 0.0,
+            "approx_kl": ((ratio - 1) - log_ratio)[m].sum().item() / max(num_units, 1),  # k3 of KL(old || new)
+            "ratio": ratio[m].sum().item() / max(num_units, 1),
+        }
+    return loss, stats
+
+
+def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    steps = sum(t.num_steps for t in trajs)
+    return {
+        "episodic_return": float(np.mean([t.return_ for t in trajs])),
+        "success_rate": float(np.mean([t.success for t in trajs])),
+        "episode_length": float(np.mean([t.num_steps for t in trajs])),
+        "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1),
+    }
+
+
+def evaluate(engine: RolloutEngine, make_env, env_id: str, num: int, seed: int) -> dict[str, float]:
+    """Greedy episodes (temperature 0) on seeds disjoint from training seeds."""
+    sampling = engine.config
+    engine.config = RolloutConfig(**{**vars(sampling), "temperature": 0.0})
+    trajs = engine.run([make_env() for _ in range(num)], [(1 << 40) + seed * 1000 + i for i in range(num)], env_id)
+    engine.config = sampling
+    return episode_metrics(trajs)
+
+
+def freeze_lower_layers(lm, trainable_layers: int):
+    layers = lm.get_decoder().layers
+    if 0 < trainable_layers < len(layers):
+        lm.requires_grad_(False)
+        for layer in layers[-trainable_layers:]:
+            layer.requires_grad_(True)
+        lm.get_decoder().norm.requires_grad_(True)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    validate_args(args)
+    device = resolve_device(args.device)
+    rank, _, args.world_size = init_distributed(device)
+    args.batch_size = args.num_episodes * args.world_size
+    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    env_kwargs = {"max_steps": args.max_episode_steps} if args.max_episode_steps else {}
+    make_env = lambda: envs.make(args.env_id, **env_kwargs)  # noqa: E731
+    try:
+        probe_env = make_env()  # fail fast on a bad --env-id (or --max-episode-steps), before loading a model
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"{'--max-episode-steps' if env_kwargs and isinstance(e, TypeError) else '--env-id'}: {e}")
+    if args.action_mode == "choice" and not getattr(probe_env, "action_names", None):
+        raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
+
+    seed_everything(args.seed, args.torch_deterministic)
+    model, tokenizer = load_model(args.model, device, seed=args.seed)
+    rank_seed = args.seed + 1000 * rank
+    sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
+    py_rng = random.Random(rank_seed)
+    num_layers = len(model.get_decoder().layers)
+    freeze_lower_layers(model, args.trainable_layers)
+    # the value head: V(s) = w . h(s) + b on the final hidden state, zero-initialised so that V starts at 0
+    value_head = torch.nn.Linear(model.config.hidden_size, 1, device=device, dtype=torch.float32)
+    torch.nn.init.zeros_(value_head.weight)
+    torch.nn.init.zeros_(value_head.bias)
+    critic = model
+    if args.critic == "separate":
+        critic, _ = load_model(args.model, device, seed=args.seed)
+        freeze_lower_layers(critic, args.trainable_layers)
+    ref_model = None
+    if args.beta > 0:
+        ref_model, _ = load_model(args.model, device, seed=args.seed)
+        ref_model.requires_grad_(False)
+    lm_params = [p for p in model.parameters() if p.requires_grad]
+    if critic is not model:
+        lm_params += [p for p in critic.parameters() if p.requires_grad]
+    params = lm_params + list(value_head.parameters())
+    if args.world_size > 1:  # start from identical weights on every rank: broadcast, not seeding alone
+        for m in {id(x): x for x in (model, critic, ref_model) if x is not None}.values():
+            for p in m.parameters():
+                dist.broadcast(p.data, src=0)
+    optimizer = torch.optim.AdamW([{"params": lm_params, "lr": args.learning_rate},
+                                   {"params": list(value_head.parameters()), "lr": args.value_learning_rate}],
+                                  weight_decay=0.0)
+
+    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=rank == 0)
+    print0(f"run {run_name}: {args.model} on {args.env_id}, {args.action_mode} mode, {args.critic} critic, "
+           f"{args.batch_size} episodes/iteration")
+    # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer, the
+    # reference and a separate critic (their lower layers are the same frozen initial weights)
+    frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
+    engine = RolloutEngine(model, tokenizer, RolloutConfig(
+        action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
+        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm), record_layer_inputs=frozen_below)
+    level = "turn" if args.action_mode == "choice" else args.gae_level  # choice mode: one unit per turn anyway
+
+    def all_reduce_grads():
+        if args.world_size > 1:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad /= args.world_size
+
+    def critic_values(sub, pos, trunk_args):
+        """V at `pos` only: scored as if free mode (the head runs at the action tokens, no per-candidate tree)."""
+        return units_and_values(critic, value_head, sub, pos, "free", 1.0, False, trunk_args)[1]
+
+    episodes_seen, start = 0, time.time()
+
+    def run_eval(iteration: int):
+        if args.eval_every > 0 and rank == 0:
+            metrics = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed)
+            tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
+            print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
+                   f"| return {metrics['episodic_return']:.2f}")
+
+    run_eval(0)
+    for iteration in range(1, args.total_iterations + 1):
+        # ---- rollout: one episode per environment seed ----
+        t0 = time.time()
+        seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_episodes + i for i in range(args.num_episodes)]
+        trajs = engine.run([make_env() for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
+                           generator=sample_gen)
+        rollout_s = time.time() - t0
+        episodes_seen += len(trajs) * args.world_size
+        n = len(trajs)
+        trunk_inputs = engine.layer_inputs if frozen_below is not None else None
+        trunk = lambda c: ([trunk_inputs[i] for i in c], frozen_below) if trunk_inputs else (None, 0)  # noqa: E731
+        micro = lambda idx: [idx[i: i + args.micro_batch_size] for i in range(0, len(idx), args.micro_batch_size)]  # noqa: E731
+
+        # ---- V_old at every step (and pi_ref) from no-grad passes with the sampler's weights ----
+        t1 = time.time()
+        plans = [episode_steps(t, args.action_mode, level, args.gamma) for t in trajs]
+        old_logp, unit_mask = (x.to(device) for x in behavior_units(trajs, args.action_mode))
+        old_values = torch.zeros(n, max(1, max(len(p[0]) for p in plans)), device=device)
+        ref_logp = torch.zeros_like(old_logp)
+        # episodes cut short (time limit or token cap) bootstrap from V(s_T): the record plus the final observation
+        cut = [i for i, t in enumerate(trajs) if args.bootstrap_truncated and t.termination == "truncated"]
+        tails = {i: engine.chat.next_turn_ids(trajs[i].turns[-1].observation, action_ended_with_eos=(
+            args.action_mode == "free" and trajs[i].token_ids[-1] == engine.chat.eos_id)) for i in cut}
+        next_values = torch.zeros(n)
+        fold = trunk_inputs is None  # a full forward anyway: read V(s_T) off the same pass, at the tail's end
+        with torch.no_grad():
+            for c in micro(list(range(n))):
+                sub = [replace(trajs[i], token_ids=trajs[i].token_ids + tails[i],
+                               source_mask=trajs[i].source_mask + [0] * len(tails[i]))
+                       if fold and i in tails else trajs[i] for i in c]
+                pos = [plans[i][0] + ([len(t.token_ids) - 1] if fold and i in tails else []) for i, t in zip(c, sub)]
+                vals = critic_values(sub, pos, trunk(c))
+                for j, i in enumerate(c):
+                    k = len(plans[i][0])
+                    old_values[i, :k] = vals[j, :k]
+                    if fold and i in tails:
+                        next_values[i] = vals[j, k].item()
+                if ref_model is not None:
+                    ref = policy_logprobs(ref_model, [trajs[i] for i in c], args.action_mode, args.temperature,
+                                          args.choice_token_norm, *trunk(c)).logprobs
+                    ref_logp[c[0]: c[-1] + 1, : ref.shape[1]] = ref
+        if not fold and cut:  # the frozen trunk's recorded inputs stop at the last action: a full forward
+            next_values[cut] = final_state_values(critic, value_head, [trajs[i] for i in cut], [tails[i] for i in cut],
+                                                  args.micro_batch_size)
+        value_s = time.time() - t1
+
+        # ---- GAE per episode (turn level by default), spread to the units of each step; whitening ----
+        advantages = torch.zeros_like(old_logp)
+        returns = torch.zeros_like(old_values)
+        step_mask = torch.zeros_like(old_values)
+        for i, plan in enumerate(plans):
+            k = len(plan[0])
+            _, ret, unit_adv = episode_gae(trajs[i], plan, old_values[i, :k].cpu(), float(next_values[i]),
+                                           args.gae_lambda, args.bootstrap_truncated)
+            returns[i, :k], step_mask[i, :k] = ret.to(device), 1.0
+            advantages[i, : len(unit_adv)] = unit_adv.to(device)
+        m = unit_mask.bool()
+        raw_adv_std = float(advantages[m].std(unbiased=False)) if m.any() else 0.0
+        if args.norm_adv and m.sum() > 1:
+            advantages = (advantages - advantages[m].mean()) / (advantages[m].std(unbiased=False) + 1e-8) * unit_mask
+        v_true, v_pred = returns[step_mask.bool()], old_values[step_mask.bool()]
+        var_true = float(v_true.var(unbiased=False)) if v_true.numel() else 0.0  # 1 - Var[R - V] / Var[R]
+        explained_var = 1 - float((v_true - v_pred).var(unbiased=False)) / var_true if var_true > 1e-8 else 0.0
+
+        # ---- update: epochs x shuffled minibatches x micro-batches ----
+        t2 = time.time()
+        sums, count, grad_norm, mismatch, stepped = {}, 0, 0.0, 0.0, False
+        model.train()
+        critic.train()
+        for epoch in range(args.update_epochs):
+            order = list(range(n))
+            py_rng.shuffle(order)
+            for mb in np.array_split(np.array(order), args.num_minibatches):
+                mb = sorted(int(i) for i in mb)
+                num_units, num_steps = int(unit_mask[mb].sum()), int(step_mask[mb].sum())
+                optimizer.zero_grad(set_to_none=False)
+                mb_stats = {}
+                for c in micro(mb):
+                    sub, pos = [trajs[i] for i in c], [plans[i][0] for i in c]
+                    units, vals, smask = units_and_values(model, value_head, sub, pos, args.action_mode,
+                                                          args.temperature, args.choice_token_norm, trunk(c))
+                    if critic is not model:
+                        vals = critic_values(sub, pos, trunk(c))
+                    w, s = units.logprobs.shape[1], vals.shape[1]
+                    if not stepped:  # the sampler's weights: trainer and sampler log-probs must agree
+                        gap = (units.logprobs.detach() - old_logp[c, :w]).abs() * unit_mask[c, :w]
+                        mismatch = max(mismatch, gap.max().item())
+                    loss, st = ppo_loss(units.logprobs, old_logp[c, :w], ref_logp[c, :w], advantages[c, :w],
+                                        unit_mask[c, :w], units.entropy, vals, old_values[c, :s], returns[c, :s],
+                                        smask, args.clip_eps, args.value_clip, args.vf_coef, args.ent_coef, args.beta,
+                                        num_units, num_steps)
+                    loss.backward()
+                    for key, v in st.items():
+                        mb_stats[key] = mb_stats.get(key, 0.0) + v  # each is already divided by the minibatch counts
+                all_reduce_grads()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
+                optimizer.step()
+                stepped = True
+                for key, v in mb_stats.items():
+                    sums[key] = sums.get(key, 0.0) + v
+                count += 1
+        model.eval()
+        critic.eval()
+        update_s = time.time() - t2
+        stats = {key: v / max(count, 1) for key, v in sums.items()}
+
+        # ---- logging ----
+        ep = episode_metrics(trajs)
+        total_tokens = sum(len(t.token_ids) for t in trajs)
+        scalars = {
+            **{f"charts/{k}": v for k, v in ep.items()},
+            "losses/policy_loss": stats["policy_loss"],
+            "losses/value_loss": stats["value_loss"],
+            "losses/entropy": stats["entropy"],
+            "losses/kl": stats["kl"],
+            "diagnostics/clip_fraction": stats["clip"],
+            "diagnostics/value_clip_fraction": stats["value_clip"],
+            "diagnostics/approx_kl": stats["approx_kl"],
+            "diagnostics/ratio_mean": stats["ratio"],
+            "diagnostics/advantage_std": raw_adv_std,
+            "diagnostics/explained_variance": explained_var,
+            "diagnostics/value_mean": float(v_pred.mean()) if v_pred.numel() else 0.0,
+            "diagnostics/return_target_mean": float(v_true.mean()) if v_true.numel() else 0.0,
+            "diagnostics/bootstrap_fraction": len(cut) / n,
+            "diagnostics/logprob_mismatch": mismatch,
+            "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
+            "diagnostics/grad_norm": grad_norm,
+            "perf/rollout_s": rollout_s,
+            "perf/value_s": value_s,
+            "perf/update_s": update_s,
+            "perf/rollout_tokens_per_s": total_tokens / rollout_s,
+            "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,
+        }
+        scalars = all_reduce_mean(scalars)
+        tracker.scalars(scalars, episodes_seen)
+        if iteration == 1 or iteration % 10 == 0:
+            tracker.trajectories(trajs, episodes_seen)
+        print0(f"iter {iteration}/{args.total_iterations} | episodes {episodes_seen} "
+               f"| return {scalars['charts/episodic_return']:.2f} | success {scalars['charts/success_rate']:.2f} "
+               f"| pg {scalars['losses/policy_loss']:+.4f} | vf {scalars['losses/value_loss']:.4f} "
+               f"| ev {scalars['diagnostics/explained_variance']:+.2f} | entropy {scalars['losses/entropy']:.3f} "
+               f"| {rollout_s + value_s + update_s:.1f}s (rollout {rollout_s:.1f}, values {value_s:.1f}, "
+               f"update {update_s:.1f})")
+        if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.total_iterations):
+            run_eval(iteration)
+
+    if args.save_model and rank == 0:
+        path = os.path.join(args.output_dir, run_name, "model")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        torch.save(value_head.state_dict(), os.path.join(args.output_dir, run_name, "value_head.pt"))
+        if critic is not model:
+            critic.save_pretrained(os.path.join(args.output_dir, run_name, "critic"))
+        print0(f"model saved to {path}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    tracker.close()
+    if args.world_size > 1:
+        dist.destroy_process_group()
