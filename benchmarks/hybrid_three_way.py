@@ -93,7 +93,7 @@ def final_eval(run_dirs: list[Path]) -> dict[str, tuple[float, float]]:
 
 
 def main(args: Args) -> None:
-    started = time.time()
+    started, load_start = time.time(), os.getloadavg()[0]
     commands, rows = [], {}
     for planner in ("none", "oracle", "llm"):
         out = Path(args.runs_dir) / planner
@@ -114,7 +114,8 @@ def main(args: Args) -> None:
              f"Greedy evaluation over {args.eval_episodes} episodes; trained agents: mean ± std over seeds "
              f"{args.seeds}, {args.total_episodes} training episodes each. LLM: `{args.model}`. Machine: "
              f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; latencies on this CPU, "
-             "measured in the same benchmark.", "",
+             "measured in the same benchmark (load average at start / end: "
+             f"{load_start:.1f} / {os.getloadavg()[0]:.1f}; other jobs inflate absolute latencies, not their ratios).", "",
              "| agent | resources | steps | goal rate | return | latency / step | training episodes | planner calls / episode |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, m in llm_rows.items():
