@@ -55,10 +55,31 @@ class Args:
     """`cpu`, `cuda` or `auto`"""
     output: str = ""
     """append the result as a JSON line to this file (empty: print only)"""
+    table: str = ""
+    """only print a markdown table of the results in this JSONL file (written by `--output`), then exit"""
+
+
+def markdown_table(path: str) -> str:
+    """One row per run in `path`: the environment, its settings and what was measured."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions | "
+             "mean length | tokens/s |", "|-|-|-|-|-|-|-|-|-|"]
+    for r in rows:
+        s = r["settings"]
+        lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
+                     f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
+                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} |")
+    machines = sorted({f"{r['machine']}, commit {r['commit']}" for r in rows})
+    return "\n".join([f"Model `{rows[0]['settings']['model']}` zero-shot, temperature "
+                      f"{rows[0]['settings']['temperature']}; machine: {'; '.join(machines)}.", "",
+                      *lines, "", "Reproduce: `bash benchmarks/zero_shot.sh`", ""]) if rows else "no results\n"
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    if args.table:
+        print(markdown_table(args.table), end="")
+        sys.exit(0)
     env_kwargs = json.loads(args.env_kwargs)
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
@@ -86,6 +107,7 @@ if __name__ == "__main__":
         "settings": asdict(args),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "load_average_1min": os.getloadavg()[0],  # > cores means other jobs shared the CPU: tokens/s is inflated
         "command": "python benchmarks/zero_shot.py " + " ".join(sys.argv[1:]),
     }
     print(json.dumps({k: v for k, v in result.items() if k != "settings"}, indent=1))

@@ -11,6 +11,8 @@
     (GLAM, Carta et al. 2023; TWOSOME's token-count normalisation optional, Tan et al. 2024) and samples
     an action from that distribution, so it is never invalid;
   * finished episodes leave the batch (their cache rows are dropped);
+  * environments that wait on a subprocess to step (`parallel_step`, e.g. codegen's sandbox) are stepped
+    concurrently, up to `env_workers` at a time, so a batch's submissions are graded in parallel;
   * the record is token-in/token-out: the ids sampled plus the ids fed, with source mask and the
     behaviour log-prob of every sampled token (under softmax(logits / T), before top-p truncation).
 
@@ -22,6 +24,7 @@ an algorithm file reads the same in both modes.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +42,7 @@ class RolloutConfig:
     max_turn_tokens: int = 16  # per-turn cap on sampled tokens (free mode)
     max_total_tokens: int = 4096  # per-episode cap on the whole sequence; hitting it ends the episode as truncated
     choice_token_norm: bool = False  # TWOSOME: divide each action's log-prob by its token count
+    env_workers: int = 8  # threads stepping a batch's environments at once when they set `parallel_step`
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, generator=None):
@@ -242,6 +246,19 @@ class RolloutEngine:
         return actions, texts, [False] * len(episodes), [len(candidates[a]) for a in actions]
 
     # -- the episode loop ------------------------------------------------------------------------------
+    def _step_envs(self, episodes: list[_Episode], actions: list) -> list[tuple[tuple, float]]:
+        """(env.step(action), seconds) for each episode, in order; concurrent for `parallel_step` envs."""
+        def step(row: int):
+            t0 = time.perf_counter()
+            out = episodes[row].env.step(actions[row])
+            return out, time.perf_counter() - t0
+
+        workers = min(self.config.env_workers, len(episodes))
+        if workers > 1 and all(getattr(ep.env, "parallel_step", False) for ep in episodes):
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env-step") as pool:
+                return list(pool.map(step, range(len(episodes))))
+        return [step(row) for row in range(len(episodes))]
+
     @torch.no_grad()
     def run(self, envs: list, seeds: list[int], env_id: str = "", policy_version: int = 0,
             generator: torch.Generator | None = None) -> list[Trajectory]:
@@ -271,10 +288,9 @@ class RolloutEngine:
             actions, texts, ended_with_eos, n_tokens = act(logits, live, generator)
             decode_s = time.perf_counter() - t0
             keep = []
+            stepped = self._step_envs(live, actions)
             for row, ep in enumerate(live):
-                t1 = time.perf_counter()
-                obs, reward, terminated, truncated, info = ep.env.step(actions[row])
-                env_s = time.perf_counter() - t1
+                (obs, reward, terminated, truncated, info), env_s = stepped[row]
                 for name, value in info.get("reward_components", {}).items():
                     ep.components[name] = ep.components.get(name, 0.0) + float(value)
                 capped = cfg.action_mode == "free" and not ended_with_eos[row]

@@ -28,6 +28,7 @@ _REGISTRY: dict[str, Factory | str] = {
     "workspace": "envs.workspace:WorkspaceEnv",
     "codegen": "envs.codegen:CodegenEnv",
     "codegen-humaneval": "envs.codegen:HumanEvalEnv",
+    "textworld": "envs.textworld_games:TextWorldEnv",  # optional: pip install -r requirements-textworld.txt
 }
 
 

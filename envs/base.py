@@ -13,6 +13,9 @@ into `action_names` (choice mode: the policy scores each action name). Beyond gy
 - an invalid or unparsable action never raises: it yields an error observation, is counted, and
   follows the environment's one documented rule (a penalty, or the end of the episode);
 - `snapshot()` / `restore(state)` so tree search can branch from any state.
+
+Optionally `parallel_step = True` says that `step` waits on a subprocess and is safe to run for several
+instances at once (the rollout engine then steps a batch in threads).
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ class TextEnv(gymnasium.Env, abc.ABC):
     action_names: list[str] | None = None
     # Longest observation/action text the spaces admit; generous, they are descriptive only.
     max_text_length: int = 4096
+    # True when `step` mostly waits on another process (codegen's sandbox): the rollout engine then steps
+    # a batch's instances concurrently in threads. Such a `step` must not share mutable state between
+    # instances (each instance may run in its own thread).
+    parallel_step: bool = False
 
     def __init__(self) -> None:
         self.observation_space = gymnasium.spaces.Text(self.max_text_length, min_length=0, charset=string.printable)

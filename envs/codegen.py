@@ -517,6 +517,7 @@ class CodegenEnv(TextEnv):
     """Generated function-writing tasks; see the module docstring for the rules and rewards."""
 
     env_version = "codegen-1.0"
+    parallel_step = True  # a step waits on the sandbox process; the engine grades a batch concurrently
 
     def __init__(self, split: str = "train", level: int | None = None, max_attempts: int = MAX_ATTEMPTS,
                  limits: Limits = CODEGEN_LIMITS) -> None:

@@ -189,7 +189,44 @@ class TabularPlanner:
         return int(self._best(q[state:state + 1], q_length[state:state + 1])[0])
 
 
-class ToyTextEnv(TextEnv):
+class GymTextAdapter(TextEnv):
+    """What every adapter here shares: the wrapped gymnasium game, reset, the episode record, step's guard."""
+
+    _game: gymnasium.Env
+    _episode: EpisodeState | None = None
+
+    @abc.abstractmethod
+    def _task_id(self) -> str:
+        ...
+
+    @abc.abstractmethod
+    def _observation(self, feedback: str | None) -> str:
+        ...
+
+    def _start_state(self) -> int | None:
+        """What `EpisodeState.start` records at reset (toy text: the state, for `optimal_return`)."""
+        return None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._game.reset(seed=seed)
+        self._episode = EpisodeState(task_id=self._task_id(), start=self._start_state())
+        return self._observation(None), {"env_version": self.env_version, "task_id": self._episode.task_id}
+
+    def _require_episode(self) -> EpisodeState:
+        if self._episode is None:
+            raise RuntimeError("call reset() first")
+        return self._episode
+
+    def _live_episode(self) -> EpisodeState:
+        """The episode `step` acts in; stepping a finished one is a caller bug, not an agent error."""
+        episode = self._require_episode()
+        if episode.termination is not None:
+            raise RuntimeError("episode is over; call reset()")
+        return episode
+
+
+class ToyTextEnv(GymTextAdapter):
     """A gymnasium toy-text game (its whole state is the integer `s` of the unwrapped env) as text."""
 
     gym_id: str = ""
@@ -220,10 +257,6 @@ class ToyTextEnv(TextEnv):
         """The verifier: `score(before, action, reward, terminated, after) -> (components, termination)`."""
 
     @abc.abstractmethod
-    def _task_id(self) -> str:
-        ...
-
-    @abc.abstractmethod
     def _status(self) -> str:
         """The text line above the map: step count and where things are."""
 
@@ -231,16 +264,11 @@ class ToyTextEnv(TextEnv):
     def _describe(self, before: int, action: int, after: int, reward: float) -> str:
         """One sentence saying what the valid `action` did."""
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        self._game.reset(seed=seed)
-        self._episode = EpisodeState(task_id=self._task_id(), start=int(self._game.s))
-        return self._observation(None), {"env_version": self.env_version, "task_id": self._episode.task_id}
+    def _start_state(self) -> int:
+        return int(self._game.s)
 
     def step(self, action: str | int) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        episode = self._require_episode()
-        if episode.termination is not None:
-            raise RuntimeError("episode is over; call reset()")  # a caller bug, not an agent error
+        episode = self._live_episode()
         index = self.action_index(action)
         termination = None
         if index is None:
@@ -289,11 +317,6 @@ class ToyTextEnv(TextEnv):
     @functools.cached_property
     def _planner(self) -> TabularPlanner:
         return TabularPlanner(self._game.P)  # P never changes, so one planner serves every episode
-
-    def _require_episode(self) -> EpisodeState:
-        if self._episode is None:
-            raise RuntimeError("call reset() first")
-        return self._episode
 
     def _observation(self, feedback: str | None) -> str:
         return "\n".join(([feedback] if feedback else []) + [self._status(), self.render()])
@@ -596,7 +619,7 @@ class BabyAIVerifier:
         return reward_components(task=reward), "truncated" if truncated else None
 
 
-class BabyAITextEnv(TextEnv):
+class BabyAITextEnv(GymTextAdapter):
     """A minigrid BabyAI level as text: the mission and the egocentric view in words (BabyAI-Text style)."""
 
     action_names = list(BABYAI_ACTIONS)  # minigrid's action indices 0..5; `done` (6) is left out
@@ -629,16 +652,8 @@ class BabyAITextEnv(TextEnv):
                 "reward of up to 1, less the more steps you take. Reply with exactly one action: turn left, "
                 "turn right, go forward, pick up, drop or toggle.")
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        self._game.reset(seed=seed)
-        self._episode = EpisodeState(task_id=self._task_id())
-        return self._observation(None), {"env_version": self.env_version, "task_id": self._episode.task_id}
-
     def step(self, action: str | int) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        episode = self._require_episode()
-        if episode.termination is not None:
-            raise RuntimeError("episode is over; call reset()")  # a caller bug, not an agent error
+        episode = self._live_episode()
         index = self.action_index(action)
         game = self._game
         if index is None:
@@ -670,11 +685,6 @@ class BabyAITextEnv(TextEnv):
         state = copy.deepcopy(state)  # the snapshot stays reusable for other branches
         self._episode, self._game = state["episode"], state["game"]
         self.np_random.bit_generator.state = state["np_random"]
-
-    def _require_episode(self) -> EpisodeState:
-        if self._episode is None:
-            raise RuntimeError("call reset() first")
-        return self._episode
 
     def _signature(self) -> tuple:
         """Everything an action can change, to tell the agent when one changed nothing."""
