@@ -18,7 +18,7 @@ Usage:
     python algorithms/hybrid_planner.py --env-id gridworld-procedural --eval-env-kwargs '{"split": "test"}'
     python algorithms/hybrid_planner.py --model tiny --total-episodes 40  # seconds, for a smoke test
     python algorithms/hybrid_planner.py --device cuda                     # the planner on one GPU
-    benchmarks/hybrid_three_way.sh                                        # seed 003's three-way table
+    python benchmarks/hybrid_three_way.py                                 # seed 003's three-way table
 
 Copying this file out: it needs `common/` (model loading, chat format, candidate scoring, tracking)
 and `envs/gridworld.py`.
@@ -156,6 +156,18 @@ class Subgoal:
     target: tuple[int, int]
     expected: str  # the observation that marks it done (the environment's wording)
     expected_steps: int  # the planner's estimate of its duration
+
+
+def next_subgoal(plan: list[Subgoal], layout, state) -> Subgoal | None:
+    """Pop the plan's next subgoal that can still happen: a resource collected on the way to an earlier
+    subgoal is skipped (its "collected a resource" can never be observed, so chasing it would only end in a
+    mismatch replan; seed 003 pit 3: the world changed under the plan)."""
+    remaining = set(layout.resources) - state.collected
+    while plan:
+        subgoal = plan.pop(0)
+        if subgoal.expected != "collected a resource" or subgoal.target in remaining:
+            return subgoal
+    return None
 
 
 def validate_args(args: Args) -> dict:
@@ -364,7 +376,7 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
         t = time.perf_counter()
         plan_ = planner.plan(env)
         planner_s += time.perf_counter() - t
-        current, since, since_plan = (plan_.pop(0) if plan_ else None), 0, 0
+        current, since, since_plan = next_subgoal(plan_, *grid_state(env)), 0, 0
         replans.append((step, cause))
 
     if planner is not None:
@@ -404,7 +416,7 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
             continue
         # ---- replanning triggers (seed 003, pit 3): expectation violated, plan exhausted, periodic ----
         if reached:
-            current, since = (plan_.pop(0) if plan_ else None), 0
+            current, since = next_subgoal(plan_, layout, state), 0
             if current is None and args.replan_when_exhausted:
                 replan("exhausted")
         elif args.replan_on_mismatch and current is not None and since > current.expected_steps + args.replan_bound:

@@ -49,3 +49,41 @@ def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+
+
+def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
+    """Sum scalars across ranks (identity without torchrun): e.g. the global count of policy tokens."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    return {k: v * dist.get_world_size() for k, v in all_reduce_mean(values).items()}
+
+
+def global_loss_denominator(local_count: float) -> float:
+    """The denominator that makes averaged gradients equal one process's gradient on the whole batch.
+
+    Each rank's loss is `sum over its units / D`, and the all-reduce averages the ranks' gradients, so the
+    update is `sum over all units / (D * world)`. With D = N_global / world that is the token mean over the
+    global batch, whatever the ranks' shares: 2 ranks x batch b give the update of 1 process x batch 2b
+    (dividing by the local count instead would weight a rank's units by the inverse of its count).
+    """
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return all_reduce_sum({"n": float(local_count)})["n"] / world
+
+
+def rank_param_divergence(params) -> float:
+    """Largest difference between this rank's parameter checksums and rank 0's, over ranks (0.0 = in sync).
+
+    DDP-style training keeps ranks identical only if every rank applies the same averaged update; a rank
+    that skipped an all-reduce or stepped on its own gradients drifts. Cheap: two numbers per tensor.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0.0
+    params = list(params)
+    local = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for p in params])
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    local = local.to(device)
+    reference = local.clone()
+    dist.broadcast(reference, src=0)
+    gap = (local - reference).abs().max()
+    dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+    return float(gap)

@@ -145,3 +145,16 @@ def test_controller_alone_learns_the_seed003_layout(tmp_path):
     ret_before, ret_after = scalars["eval/episodic_return"][0][1], scalars["eval/episodic_return"][-1][1]
     print(f"controller alone: success {before:.2f} -> {after:.2f}, return {ret_before:.2f} -> {ret_after:.2f}")
     assert before == 0.0 and after == 1.0 and ret_after >= 3.5
+
+
+def test_a_resource_collected_on_the_way_is_skipped_not_chased():
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    first, second, goal = hp.OraclePlanner(max_subgoals=3).plan(env)
+    layout, state = hp.grid_state(env)
+    assert hp.next_subgoal([second, goal], layout, state) is second  # still on the map: kept
+    collected = state.__class__(pos=state.pos, collected=state.collected | {second.target}, steps=state.steps,
+                                termination=None)
+    plan = [second, goal]
+    assert hp.next_subgoal(plan, layout, collected) is goal and plan == []  # picked up early: skipped
+    assert hp.next_subgoal([], layout, state) is None

@@ -1,0 +1,85 @@
+"""common/distributed.py under a real 2-process gloo group: sums, the global loss denominator (2 ranks x batch b
+== 1 process x batch 2b), and the rank-divergence check."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from common.distributed import all_reduce_sum, global_loss_denominator, rank_param_divergence
+
+# one batch of "policy units": per-unit inputs, and which rank played each sequence (unequal shares on purpose)
+TORCH_SEED = 0
+UNITS = torch.randn(7, 3, generator=torch.Generator().manual_seed(TORCH_SEED))
+TARGETS = torch.randn(7, generator=torch.Generator().manual_seed(1))
+SHARES = {0: slice(0, 2), 1: slice(2, 7)}  # rank 0 has 2 units, rank 1 has 5
+
+
+def token_mean_grad(weights: torch.Tensor, units: torch.Tensor, targets: torch.Tensor, denominator: float):
+    w = weights.clone().requires_grad_(True)
+    loss = ((units @ w - targets) ** 2).sum() / denominator
+    loss.backward()
+    return w.grad
+
+
+def _worker(rank: int, port: int, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        weights = torch.tensor([0.5, -1.0, 2.0])
+        share = SHARES[rank]
+        out = {"sum": all_reduce_sum({"x": float(rank + 1)})["x"]}
+        for name, denominator in (("global", global_loss_denominator(UNITS[share].shape[0])),
+                                  ("local", float(UNITS[share].shape[0]))):
+            grad = token_mean_grad(weights, UNITS[share], TARGETS[share], denominator)
+            dist.all_reduce(grad)
+            out[name] = grad / 2  # what the scripts do: average the ranks' gradients
+        params = [torch.ones(2, 2), torch.arange(3.0)]
+        out["in_sync"] = rank_param_divergence(params)
+        if rank == 1:
+            params[1] = params[1] + 0.25  # a rank that drifted
+        out["drifted"] = rank_param_divergence(params)
+        results[rank] = out
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    results = mp.Manager().dict()
+    mp.spawn(_worker, args=(free_port(), results), nprocs=2, join=True)
+    return dict(results)
+
+
+def test_all_reduce_sum_adds_the_ranks(two_ranks):
+    assert two_ranks[0]["sum"] == two_ranks[1]["sum"] == 3.0
+
+
+def test_two_ranks_give_the_update_of_one_process_on_the_whole_batch(two_ranks):
+    weights = torch.tensor([0.5, -1.0, 2.0])
+    whole = token_mean_grad(weights, UNITS, TARGETS, float(len(UNITS)))  # 1 process, batch 2b, token mean
+    for rank in (0, 1):
+        torch.testing.assert_close(two_ranks[rank]["global"], whole)
+    # dividing by the local count instead weights rank 0's 2 units 2.5x more than rank 1's 5: not the same update
+    assert not torch.allclose(two_ranks[0]["local"], whole, atol=1e-3)
+
+
+def test_rank_divergence_is_zero_in_sync_and_catches_a_drifted_rank(two_ranks):
+    assert two_ranks[0]["in_sync"] == two_ranks[1]["in_sync"] == 0.0
+    # checksums of arange(3) + 0.25: sum moves by 0.75, sum of squares by 2 * 0.25 * 3 + 3 * 0.0625 = 1.6875
+    assert two_ranks[0]["drifted"] == two_ranks[1]["drifted"] == pytest.approx(1.6875)
+
+
+def test_without_torchrun_everything_is_the_identity():
+    assert all_reduce_sum({"a": 2.0}) == {"a": 2.0}
+    assert global_loss_denominator(5) == 5.0
+    assert rank_param_divergence([torch.ones(2)]) == 0.0
