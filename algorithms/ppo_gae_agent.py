@@ -17,6 +17,7 @@ Usage:
     python algorithms/ppo_gae_agent.py --env-id babyai-gotoredball --max-episode-steps 24  # GLAM's setting
     python algorithms/ppo_gae_agent.py --action-mode free --gae-level token # free text, token-level GAE
     python algorithms/ppo_gae_agent.py --critic separate                  # a second LM as critic
+    python algorithms/ppo_gae_agent.py --lora-r 16 --trainable-layers 0   # LoRA adapters on every layer
     python algorithms/ppo_gae_agent.py --device cuda                      # one GPU
     torchrun --nproc_per_node 2 algorithms/ppo_gae_agent.py --model tiny  # data parallel (gloo on CPU, NCCL on GPU)
 
@@ -33,6 +34,8 @@ Where this departs from the paper / seed:
 - The KL penalty to the reference is a loss term (k3 estimator, as in GRPO), not a reward-shaping term.
 - pi_old is the behaviour log-prob recorded by the sampler (no extra forward; the trainer/sampler gap is
   logged before the first optimizer step); V_old comes from one no-grad pass before the update.
+- `--lora-r R`: LoRA adapters (Hu et al. 2021) on the top --trainable-layers layers; the reference is the
+  policy with adapters off. CUDA: trained weights fp32, forwards under bf16 autocast (a LoRA base in bf16).
 - Defaults follow seed 003 §2.4 where it gives ranges (lr 1e-5, KL 0.01, clip 0.2, lambda 0.95); its
   "rollout batch 128-1024" is read as environment steps: 16 episodes of up to 20 steps.
 """
@@ -55,7 +58,8 @@ import tyro
 
 import envs
 from common.distributed import all_reduce_mean, init_distributed, print0, seed_everything
-from common.models import load_model, resolve_device
+from common.models import (adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, load_model,
+                           parameter_counts, resolve_device, save_model)
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -72,7 +76,7 @@ class Args:
     device: str = "cpu"
     """`cpu`, `cuda`, `cuda:N` or `auto`"""
     save_model: bool = False
-    """save the final policy (Hugging Face format) to `runs/{run_name}/model` (and the value head next to it)"""
+    """save the final policy to `runs/{run_name}/model` (with LoRA: the adapter only) and the value head next to it"""
     model: str = "smollm2-135m"
     """`tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
     env_id: str = "gridworld"
@@ -92,13 +96,19 @@ class Args:
     choice_token_norm: bool = True
     """TWOSOME normalisation: divide an action's log-prob by its token count (matters for multi-token names)"""
     critic: Literal["shared", "separate"] = "shared"
-    """`shared`: the value head sits on the policy LM; `separate`: on a second copy of the LM (2x memory)"""
+    """`shared`: the value head sits on the policy LM; `separate`: on a second LM (2x memory; with LoRA, its own adapter)"""
     learning_rate: float = 1e-5
     """AdamW learning rate of the LM(s) (seed 003 §2.4: 1e-6 to 1e-5)"""
     value_learning_rate: float = 1e-3
     """AdamW learning rate of the value head (zero-initialised)"""
     trainable_layers: int = 6
-    """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
+    """train the top N layers and the final norm (0 or >= layer count: all); with LoRA, the layers given adapters"""
+    lora_r: int = 0
+    """LoRA rank (peft): adapters on the attention and MLP projections, base frozen; 0: train the weights"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the update is (alpha / r) B A"""
+    gradient_checkpointing: bool = False
+    """recompute layer activations in the backward (less memory, ~30% more compute)"""
     gamma: float = 0.99
     """discount per environment step"""
     gae_lambda: float = 0.95
@@ -172,8 +182,8 @@ def validate_args(args: Args):
         problems.append("--clip-eps must be in (0, 1) and --value-clip >= 0")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
-    if args.max_episode_steps < 0:
-        problems.append("--max-episode-steps must be >= 0")
+    if args.max_episode_steps < 0 or args.lora_r < 0:
+        problems.append("--max-episode-steps and --lora-r must be >= 0")
     if problems:
         raise SystemExit("ppo_gae_agent.py: " + "; ".join(problems))
 
@@ -325,13 +335,19 @@ def evaluate(engine: RolloutEngine, make_env, env_id: str, num: int, seed: int) 
     return episode_metrics(trajs)
 
 
-def freeze_lower_layers(lm, trainable_layers: int):
+def make_trainable(lm, trainable_layers: int, lora_r: int, lora_alpha: float, checkpointing: bool):
+    """Train the top `trainable_layers` layers and the final norm (all if 0), or (`lora_r` > 0) LoRA adapters on
+    them with every base weight frozen. Lower layers stay the initial model: the frozen trunk is shared."""
     layers = lm.get_decoder().layers
-    if 0 < trainable_layers < len(layers):
+    top = 0 < trainable_layers < len(layers)
+    if lora_r > 0:
+        lm = apply_lora(lm, lora_r, lora_alpha, layers=range(len(layers) - trainable_layers, len(layers)) if top else None)
+    elif top:
         lm.requires_grad_(False)
         for layer in layers[-trainable_layers:]:
             layer.requires_grad_(True)
         lm.get_decoder().norm.requires_grad_(True)
+    return enable_gradient_checkpointing(lm) if checkpointing else lm
 
 
 if __name__ == "__main__":
@@ -351,24 +367,24 @@ if __name__ == "__main__":
         raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
 
     seed_everything(args.seed, args.torch_deterministic)
-    model, tokenizer = load_model(args.model, device, seed=args.seed)
+    dtype = torch.float32 if args.lora_r == 0 else None  # trained weights fp32 (bf16 rounds a 1e-5 step away)
+    model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     rank_seed = args.seed + 1000 * rank
     sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
     py_rng = random.Random(rank_seed)
     num_layers = len(model.get_decoder().layers)
-    freeze_lower_layers(model, args.trainable_layers)
+    model = make_trainable(model, args.trainable_layers, args.lora_r, args.lora_alpha, args.gradient_checkpointing)
     # the value head: V(s) = w . h(s) + b on the final hidden state, zero-initialised so that V starts at 0
     value_head = torch.nn.Linear(model.config.hidden_size, 1, device=device, dtype=torch.float32)
     torch.nn.init.zeros_(value_head.weight)
     torch.nn.init.zeros_(value_head.bias)
     critic = model
     if args.critic == "separate":
-        critic, _ = load_model(args.model, device, seed=args.seed)
-        freeze_lower_layers(critic, args.trainable_layers)
-    ref_model = None
+        critic = make_trainable(load_model(args.model, device, dtype, seed=args.seed)[0], args.trainable_layers,
+                                args.lora_r, args.lora_alpha, args.gradient_checkpointing)
+    ref_model = None  # the frozen initial policy; with LoRA, the policy itself with its adapters switched off
     if args.beta > 0:
-        ref_model, _ = load_model(args.model, device, seed=args.seed)
-        ref_model.requires_grad_(False)
+        ref_model = model if args.lora_r else load_model(args.model, device, dtype, seed=args.seed)[0].requires_grad_(False)
     lm_params = [p for p in model.parameters() if p.requires_grad]
     if critic is not model:
         lm_params += [p for p in critic.parameters() if p.requires_grad]
@@ -383,7 +399,8 @@ if __name__ == "__main__":
 
     tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=rank == 0)
     print0(f"run {run_name}: {args.model} on {args.env_id}, {args.action_mode} mode, {args.critic} critic, "
-           f"{args.batch_size} episodes/iteration")
+           f"{args.batch_size} episodes/iteration, {sum(p.numel() for p in params):,} trainable parameters of "
+           f"{sum(parameter_counts(m)[1] for m in {id(m): m for m in (model, critic, value_head)}.values()):,}")
     # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer, the
     # reference and a separate critic (their lower layers are the same frozen initial weights)
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
@@ -408,7 +425,8 @@ if __name__ == "__main__":
 
     def run_eval(iteration: int):
         if args.eval_every > 0 and rank == 0:
-            metrics = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed)
+            with autocast(device):
+                metrics = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed)
             tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
             print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
                    f"| return {metrics['episodic_return']:.2f}")
@@ -418,8 +436,9 @@ if __name__ == "__main__":
         # ---- rollout: one episode per environment seed ----
         t0 = time.time()
         seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_episodes + i for i in range(args.num_episodes)]
-        trajs = engine.run([make_env() for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
-                           generator=sample_gen)
+        with autocast(device):  # bf16 on CUDA, nothing on CPU
+            trajs = engine.run([make_env() for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
+                               generator=sample_gen)
         rollout_s = time.time() - t0
         episodes_seen += len(trajs) * args.world_size
         n = len(trajs)
@@ -439,7 +458,7 @@ if __name__ == "__main__":
             args.action_mode == "free" and trajs[i].token_ids[-1] == engine.chat.eos_id)) for i in cut}
         next_values = torch.zeros(n)
         fold = trunk_inputs is None  # a full forward anyway: read V(s_T) off the same pass, at the tail's end
-        with torch.no_grad():
+        with torch.no_grad(), autocast(device):
             for c in micro(list(range(n))):
                 sub = [replace(trajs[i], token_ids=trajs[i].token_ids + tails[i],
                                source_mask=trajs[i].source_mask + [0] * len(tails[i]))
@@ -452,12 +471,14 @@ if __name__ == "__main__":
                     if fold and i in tails:
                         next_values[i] = vals[j, k].item()
                 if ref_model is not None:
-                    ref = policy_logprobs(ref_model, [trajs[i] for i in c], args.action_mode, args.temperature,
-                                          args.choice_token_norm, *trunk(c)).logprobs
+                    with adapter_disabled(ref_model) as ref:
+                        ref = policy_logprobs(ref, [trajs[i] for i in c], args.action_mode, args.temperature,
+                                              args.choice_token_norm, *trunk(c)).logprobs
                     ref_logp[c[0]: c[-1] + 1, : ref.shape[1]] = ref
         if not fold and cut:  # the frozen trunk's recorded inputs stop at the last action: a full forward
-            next_values[cut] = final_state_values(critic, value_head, [trajs[i] for i in cut], [tails[i] for i in cut],
-                                                  args.micro_batch_size)
+            with autocast(device):
+                next_values[cut] = final_state_values(critic, value_head, [trajs[i] for i in cut],
+                                                      [tails[i] for i in cut], args.micro_batch_size)
         value_s = time.time() - t1
 
         # ---- GAE per episode (turn level by default), spread to the units of each step; whitening ----
@@ -493,10 +514,11 @@ if __name__ == "__main__":
                 mb_stats = {}
                 for c in micro(mb):
                     sub, pos = [trajs[i] for i in c], [plans[i][0] for i in c]
-                    units, vals, smask = units_and_values(model, value_head, sub, pos, args.action_mode,
-                                                          args.temperature, args.choice_token_norm, trunk(c))
-                    if critic is not model:
-                        vals = critic_values(sub, pos, trunk(c))
+                    with autocast(device):  # the backward runs outside, in the dtypes the forward chose
+                        units, vals, smask = units_and_values(model, value_head, sub, pos, args.action_mode,
+                                                              args.temperature, args.choice_token_norm, trunk(c))
+                        if critic is not model:
+                            vals = critic_values(sub, pos, trunk(c))
                     w, s = units.logprobs.shape[1], vals.shape[1]
                     if not stepped:  # the sampler's weights: trainer and sampler log-probs must agree
                         gap = (units.logprobs.detach() - old_logp[c, :w]).abs() * unit_mask[c, :w]
@@ -562,11 +584,10 @@ if __name__ == "__main__":
 
     if args.save_model and rank == 0:
         path = os.path.join(args.output_dir, run_name, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        save_model(model, tokenizer, path)  # with LoRA: only the adapter, and the name of its base
         torch.save(value_head.state_dict(), os.path.join(args.output_dir, run_name, "value_head.pt"))
         if critic is not model:
-            critic.save_pretrained(os.path.join(args.output_dir, run_name, "critic"))
+            save_model(critic, tokenizer, os.path.join(args.output_dir, run_name, "critic"))
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
     tracker.close()

