@@ -57,7 +57,7 @@ import torch.distributed as dist
 import tyro
 
 import envs
-from common.distributed import all_reduce_mean, init_distributed, print0, seed_everything
+from common.distributed import all_reduce_mean, global_loss_denominator, init_distributed, print0, seed_everything
 from common.models import (adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, load_model,
                            parameter_counts, resolve_device, save_model)
 from common.records import Trajectory
@@ -293,25 +293,25 @@ def ppo_loss(logp, old_logp, ref_logp, adv, unit_mask, entropy, values, old_valu
     if beta > 0:  # k3 estimator of KL(pi || pi_ref), >= 0 (Schulman 2020)
         log_r = ref_logp - logp
         kl = torch.exp(log_r) - log_r - 1
-    policy_loss = ((-surrogate + beta * kl) * unit_mask).sum() / max(num_units, 1)
-    entropy_mean = (entropy * unit_mask).sum() / max(num_units, 1)
+    policy_loss = ((-surrogate + beta * kl) * unit_mask).sum() / max(num_units, 1e-8)
+    entropy_mean = (entropy * unit_mask).sum() / max(num_units, 1e-8)
     v_loss = (values - returns) ** 2
     if value_clip > 0:
         v_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
         v_loss = torch.max(v_loss, (v_clipped - returns) ** 2)
-    value_loss = 0.5 * (v_loss * step_mask).sum() / max(num_steps, 1)
+    value_loss = 0.5 * (v_loss * step_mask).sum() / max(num_steps, 1e-8)
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy_mean
     with torch.no_grad():
         m, sm = unit_mask.bool(), step_mask.bool()
         log_ratio = logp - old_logp
         stats = {
             "policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy_mean.item(),
-            "kl": (kl[m].sum() / max(num_units, 1)).item(),
-            "clip": ((ratio - 1).abs() > clip_eps)[m].float().sum().item() / max(num_units, 1),
-            "value_clip": ((values - old_values).abs() > value_clip)[sm].float().sum().item() / max(num_steps, 1)
+            "kl": (kl[m].sum() / max(num_units, 1e-8)).item(),
+            "clip": ((ratio - 1).abs() > clip_eps)[m].float().sum().item() / max(num_units, 1e-8),
+            "value_clip": ((values - old_values).abs() > value_clip)[sm].float().sum().item() / max(num_steps, 1e-8)
             if value_clip > 0 else 0.0,
-            "approx_kl": ((ratio - 1) - log_ratio)[m].sum().item() / max(num_units, 1),  # k3 of KL(old || new)
-            "ratio": ratio[m].sum().item() / max(num_units, 1),
+            "approx_kl": ((ratio - 1) - log_ratio)[m].sum().item() / max(num_units, 1e-8),  # k3 of KL(old || new)
+            "ratio": ratio[m].sum().item() / max(num_units, 1e-8),
         }
     return loss, stats
 
@@ -509,7 +509,9 @@ if __name__ == "__main__":
             py_rng.shuffle(order)
             for mb in np.array_split(np.array(order), args.num_minibatches):
                 mb = sorted(int(i) for i in mb)
-                num_units, num_steps = int(unit_mask[mb].sum()), int(step_mask[mb].sum())
+                # under torchrun: global counts / world, so averaged gradients = one process on the whole minibatch
+                num_units = global_loss_denominator(unit_mask[mb].sum().item())
+                num_steps = global_loss_denominator(step_mask[mb].sum().item())
                 optimizer.zero_grad(set_to_none=False)
                 mb_stats = {}
                 for c in micro(mb):

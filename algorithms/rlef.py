@@ -64,7 +64,7 @@ import tyro
 
 import envs
 from common.chat import ChatFormat
-from common.distributed import all_reduce_mean, init_distributed, print0, seed_everything
+from common.distributed import all_reduce_mean, global_loss_denominator, init_distributed, print0, seed_everything
 from common.models import load_model, resolve_device
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
@@ -229,7 +229,7 @@ def clipped_loss(logp, old_logp, adv, unit_mask, clip_eps, num_units):
     ratio = torch.exp(logp - old_logp)
     a = adv[:, None]
     surrogate = torch.min(ratio * a, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * a)
-    loss = -(surrogate * unit_mask).sum() / max(num_units, 1)
+    loss = -(surrogate * unit_mask).sum() / max(num_units, 1e-8)
     with torch.no_grad():
         m = unit_mask.bool()
         stats = {"clipped": ((ratio - 1).abs() > clip_eps)[m].float().sum().item(), "ratio_sum": ratio[m].sum().item()}
@@ -246,7 +246,8 @@ def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None,
     device = adv.device
     old_logp, unit_mask = behavior_units(trajs, "free") if trajs else (torch.zeros(0, 1),) * 2
     old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
-    num_units, num_seqs = int(unit_mask.sum()), len(trajs)
+    num_seqs = len(trajs)
+    num_units = global_loss_denominator(unit_mask.sum().item())  # torchrun: averaged grads = the whole batch's mean
     chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
     stats = dict.fromkeys(("clipped", "ratio_sum", "entropy_sum", "policy_loss", "mismatch", "grad_norm"), 0.0)
     stats["num_units"] = num_units
