@@ -14,6 +14,8 @@ Usage:
     python algorithms/grpo_agent.py --action-mode free --sft-steps 30 # free text, with a format cold start
     python algorithms/grpo_agent.py --device cuda                     # one GPU
     torchrun --nproc_per_node 2 algorithms/grpo_agent.py --model tiny # data parallel (gloo on CPU, NCCL on GPU)
+    python algorithms/grpo_agent.py --checkpoint-every 5              # then, after a crash or Ctrl-C:
+    python algorithms/grpo_agent.py --resume runs/<run> [--total-iterations 50]
 
 Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
 `package.module:Factory` passed as --env-id).
@@ -46,6 +48,7 @@ import torch.distributed as dist
 import tyro
 
 import envs
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import all_reduce_mean, init_distributed, print0, seed_everything
 from common.models import load_model, resolve_device
 from common.records import Trajectory
@@ -71,6 +74,11 @@ class Args:
     """environment id (`gridworld`, `gridworld-procedural`, ...) or `package.module:Factory`"""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """save a checkpoint (trained weights, optimizer, RNG states, counters) every N iterations and at the end; 0: never.
+    Ctrl-C (or SIGTERM) always finishes the iteration and saves one before exiting"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     total_iterations: int = 25
@@ -131,6 +139,8 @@ class Args:
     """episodes per iteration over all processes: num_groups * group_size * world_size"""
 
 
+# the flags --resume lets differ from the saved run (none of them changes what the training samples)
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "1", "--eval-episodes", "2"]
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
@@ -143,6 +153,8 @@ LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_
 
 def validate_args(args: Args):
     problems = []
+    if args.checkpoint_every < 0:
+        problems.append("--checkpoint-every must be >= 0 (0: no periodic checkpoints)")
     for name in ("total_iterations", "num_groups", "group_size", "update_epochs", "micro_batch_size", "max_turn_tokens"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
@@ -240,12 +252,17 @@ def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int) -> dict[st
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "grpo_agent.py")
     validate_args(args)
     device = resolve_device(args.device)
     rank, _, args.world_size = init_distributed(device)
     args.batch_size = args.num_groups * args.group_size * args.world_size
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, args.world_size)
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.total_iterations < resumed["counters"]["iteration"]:
+        raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration "
+                         f"{resumed['counters']['iteration']} already")
     try:
         envs.make(args.env_id)  # fail fast on a bad --env-id, before loading a model
     except (ValueError, TypeError) as e:
@@ -276,8 +293,9 @@ if __name__ == "__main__":
             for p in ref_model.parameters():
                 dist.broadcast(p.data, src=0)
 
-    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=rank == 0)
-    print0(f"run {run_name}: {args.model} on {args.env_id}, {args.action_mode} mode, {args.batch_size} episodes/iteration")
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
+    print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {args.action_mode} mode, "
+           f"{args.batch_size} episodes/iteration")
     # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer (and the
     # reference model, whose lower layers are the same frozen weights)
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
@@ -296,7 +314,7 @@ if __name__ == "__main__":
                 p.grad /= args.world_size
 
     # ---- cold start: SFT on format demonstrations (seed 001) ----
-    if args.sft_steps > 0:
+    if args.sft_steps > 0 and not resumed:  # a checkpoint's weights already went through it
         demo_env = envs.make(args.env_id)
         sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate, weight_decay=0.0)
         model.train()
@@ -315,7 +333,13 @@ if __name__ == "__main__":
         model.eval()
 
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
-    episodes_seen, generated_tokens, start = 0, 0, time.time()
+    episodes_seen, generated_tokens, first_iteration, start = 0, 0, 1, time.time()
+    generators = {"sample": sample_gen, "python": py_rng}
+    if resumed:  # weights, optimizer, every RNG and the counters, as they were after the checkpoint's iteration
+        ckpt.restore(resumed, model, optimizer, generators=generators)
+        episodes_seen, generated_tokens = resumed["counters"]["episodes_seen"], resumed["counters"]["generated_tokens"]
+        first_iteration = resumed["counters"]["iteration"] + 1
+        print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
 
     def run_eval(iteration: int):
         if args.eval_every > 0 and rank == 0:
@@ -324,8 +348,10 @@ if __name__ == "__main__":
             print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
                    f"| return {metrics['episodic_return']:.2f}")
 
-    run_eval(0)
-    for iteration in range(1, args.total_iterations + 1):
+    if not resumed:
+        run_eval(0)
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this iteration, save a checkpoint, exit
+    for iteration in range(first_iteration, args.total_iterations + 1):
         # ---- rollout: G episodes per task, tasks seeded by (seed, rank, iteration, group) ----
         t0 = time.time()
         task_seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_groups + g for g in range(args.num_groups)]
@@ -436,13 +462,23 @@ if __name__ == "__main__":
                f"(rollout {rollout_s:.1f}, update {update_s:.1f}) | {scalars['perf/rollout_tokens_per_s']:.0f} tok/s")
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.total_iterations):
             run_eval(iteration)
+        stop = interrupt.should_stop()  # agreed across ranks
+        if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:
+            ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen, "generated_tokens": generated_tokens},
+                      model, optimizer, generators=generators, tracker=tracker)
+            print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
 
     if args.save_model and rank == 0:
-        path = os.path.join(args.output_dir, run_name, "model")
+        path = os.path.join(run_dir, "model")
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         print0(f"model saved to {path}")
-    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
     if args.world_size > 1:
         dist.destroy_process_group()

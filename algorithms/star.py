@@ -16,6 +16,8 @@ Usage:
     python algorithms/star.py --env-id wordproblems --env-level 1      # templated word problems
     python algorithms/star.py --no-restart-from-base                   # continue training M_k instead
     python algorithms/star.py --device cuda --num-problems 512 --eval-problems 256 --outer-iterations 5
+    python algorithms/star.py --checkpoint-every 1                    # then, after a crash or Ctrl-C:
+    python algorithms/star.py --resume runs/<run> --outer-iterations 5  # continue (and extend) that run
     (single process: STaR's phases are offline SFT on a small set; no torchrun path)
 
 Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
@@ -47,9 +49,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np
 import torch
-import tyro
 
 import envs
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import print0, seed_everything
 from common.models import load_model, resolve_device
 from common.records import Trajectory
@@ -75,6 +77,11 @@ class Args:
     """single-answer task family (`arithmetic`, `wordproblems`) or `package.module:Factory`"""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """save a checkpoint (fine-tuned weights, RNG states, counters) every N outer iterations and at the end; 0: never.
+    Ctrl-C (or SIGTERM) always finishes the outer iteration and saves one before exiting"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     env_level: int = 1
@@ -117,6 +124,8 @@ class Args:
     """gradient clipping"""
 
 
+# the flags --resume lets differ from the saved run
+RESUMABLE = {"outer_iterations", "checkpoint_every", "save_model", "resume", "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes. The test
 # environment passes a reply with probability ~1/2, so a random model has examples to keep and train on.
 SMOKE_TEST_ARGS = ["--env-id", "tests.test_star:CoinFlipArithmetic", "--outer-iterations", "2", "--num-problems", "6",
@@ -134,7 +143,7 @@ def validate_args(args: Args):
     for name in ("outer_iterations", "num_problems", "max_new_tokens", "sft_batch_size", "micro_batch_size"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("eval_problems", "num_shots", "sft_steps", "trainable_layers", "env_level"):
+    for name in ("eval_problems", "num_shots", "sft_steps", "trainable_layers", "env_level", "checkpoint_every"):
         if getattr(args, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
     if args.sft_steps_growth <= 0:
@@ -253,10 +262,15 @@ def train_parameters(model, trainable_layers: int) -> list[torch.nn.Parameter]:
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "star.py")
     validate_args(args)
     device = resolve_device(args.device)
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.outer_iterations < resumed["counters"]["iteration"]:
+        raise SystemExit(f"--outer-iterations {args.outer_iterations}: the checkpoint is at iteration "
+                         f"{resumed['counters']['iteration']} already")
     try:  # fail fast on a bad --env-id (or an env without STaR's interface), before loading a model
         probe = make_env(args)
         probe.reset(seed=0)
@@ -286,8 +300,8 @@ if __name__ == "__main__":
     train_seeds = [args.seed * 1_000_003 + i for i in range(args.num_problems)]
     eval_seeds = [(1 << 40) + args.seed * 1_000_003 + i for i in range(args.eval_problems)]
 
-    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=True)
-    print0(f"run {run_name}: {args.model} on {args.env_id} (level {args.env_level or 'default'}), "
+    tracker = Tracker(run_dir, vars(args), enabled=True, resume_state=resumed and resumed["tracker"])
+    print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id} (level {args.env_level or 'default'}), "
            f"{args.num_problems} training / {args.eval_problems} held-out problems, {args.outer_iterations} iterations")
     start = time.time()
 
@@ -311,10 +325,16 @@ if __name__ == "__main__":
         print0(f"eval @ iter {step} | held-out solve rate {stats['success_rate']:.3f} "
                f"| no answer {stats['invalid_action_rate']:.2f} | {seconds:.0f}s")
 
-    sampling, iteration = engine.config, 0
-    evaluate(0)  # p_0 on held-out problems: the few-shot base model
-    sft_steps = float(args.sft_steps)
-    for iteration in range(1, args.outer_iterations + 1):
+    sampling, iteration, first_iteration, sft_steps = engine.config, 0, 1, float(args.sft_steps)
+    generators = {"sample": sample_gen, "python": py_rng}
+    if resumed:  # the fine-tuned weights (M_0 was kept above), every RNG, and the counters
+        ckpt.restore(resumed, model, generators=generators)
+        first_iteration, sft_steps = resumed["counters"]["iteration"] + 1, resumed["counters"]["sft_steps"]
+        print0(f"resumed from {run_dir} at iteration {first_iteration - 1}")
+    else:
+        evaluate(0)  # p_0 on held-out problems: the few-shot base model
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this outer iteration, save a checkpoint, exit
+    for iteration in range(first_iteration, args.outer_iterations + 1):
         # ---- (1) generate: z_i, y_hat_i ~ M_{k-1}(. | x_i) with the few-shot prompt ----
         direct, generate_s, tok_s = run(train_seeds)
         prompts = {t.seed: t.token_ids[: t.prompt_length] for t in direct}  # x_i without any hint
@@ -404,11 +424,20 @@ if __name__ == "__main__":
                f"{rationalize_s:.0f}, sft {sft_s:.0f})")
         # ---- (5) M_k on held-out problems: p_k ----
         evaluate(iteration)
+        stop = interrupt.should_stop()
+        if ckpt.due(iteration, last=iteration == args.outer_iterations) or stop:  # (a fresh optimizer each iteration)
+            ckpt.save({"iteration": iteration, "sft_steps": sft_steps}, model, generators=generators, tracker=tracker)
+            print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
 
     if args.save_model:
-        path = os.path.join(args.output_dir, run_name, "model")
+        path = os.path.join(run_dir, "model")
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         print0(f"model saved to {path}")
-    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
