@@ -3,18 +3,18 @@
 # 50 episodes per environment family, sampled at temperature 1. Grid-like environments are played in
 # `choice` mode (a distribution over the action names), text environments in `free` mode (generated text).
 # Each line appends one JSON result to the .jsonl; `zero_shot.py --table` renders the markdown table.
-#   bash benchmarks/zero_shot.sh            # ~1 h on 2 idle CPU cores
+#   bash benchmarks/zero_shot.sh            # about an hour on 2 idle CPU cores (not timed end to end)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/zero_shot_families.jsonl}
 run() { python benchmarks/zero_shot.py --model smollm2-135m --episodes 50 --batch-size 25 --output "$OUT" "$@"; }
 : > "$OUT"
 run --env-id gridworld --action-mode choice
-run --env-id frozenlake --action-mode choice
-run --env-id taxi --action-mode choice --env-kwargs '{"max_steps": 50}'
-run --env-id cliffwalking --action-mode choice --env-kwargs '{"max_steps": 50}'
-run --env-id babyai-gotoredball --action-mode choice --env-kwargs '{"max_steps": 32}'
-run --env-id babyai-pickuploc --action-mode choice --env-kwargs '{"max_steps": 32}'
+# step caps (optimal: FrozenLake 6, CliffWalking 13, Taxi <= 20 steps; BabyAI GoToRedBall a few) keep contexts short
+run --env-id frozenlake --action-mode choice --env-kwargs '{"max_steps": 20}'
+run --env-id taxi --action-mode choice --env-kwargs '{"max_steps": 30}'
+run --env-id cliffwalking --action-mode choice --env-kwargs '{"max_steps": 30}'
+run --env-id babyai-gotoredball --action-mode choice --env-kwargs '{"max_steps": 24}'
 run --env-id arithmetic --action-mode free --max-turn-tokens 64
 run --env-id wordproblems --action-mode free --max-turn-tokens 96
 run --env-id codegen --action-mode free --max-turn-tokens 192

@@ -111,3 +111,221 @@ def test_plot_writes_table_and_figure_with_three_denominators(tmp_path):
     assert "0.500 ± 0.000" in (tmp_path / "res" / "curves.md").read_text()
     png = tmp_path / "res" / "curves_eval_success_rate.png"
     assert png.exists() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+# --- benchmarks/rollout_speed.py ------------------------------------------------------------------------------
+
+def tiny_speed_args(tmp_path: Path, **kw):
+    from benchmarks import rollout_speed
+
+    base = dict(model="tiny", batch_size=3, turns=[2, 3], max_turn_tokens=5, codegen_attempts=2,
+                codegen_max_turn_tokens=6, temperature=0.0, single_episodes=2, fresh_process=False,
+                output=str(tmp_path / "rs"))
+    return rollout_speed.Args(**{**base, **kw})
+
+
+def test_rollout_speed_baselines_play_the_same_episodes(tmp_path):
+    from benchmarks import rollout_speed
+
+    results = rollout_speed.main(tiny_speed_args(tmp_path))
+    by = {(r["env"], r["turns"], r["method"]): r for r in results}
+    assert set(by) == {("gridworld", 2, "engine"), ("gridworld", 2, "generate_batch"), ("gridworld", 3, "engine"),
+                       ("gridworld", 3, "generate_batch"), ("gridworld", 3, "generate_single"), ("codegen", 2, "engine"),
+                       ("codegen", 2, "generate_batch"), ("codegen", 2, "generate_single")}
+    for env, n in [("gridworld", 2), ("gridworld", 3), ("codegen", 2)]:
+        engine, batch, single = by[(env, n, "engine")], by[(env, n, "generate_batch")], by.get((env, n, "generate_single"))
+        # greedy: (a) generates exactly the engine's tokens, and the whole token sequences match episode by episode
+        assert engine["generated_tokens"] == batch["generated_tokens"] > 0
+        assert engine["episode_tokens"] == batch["episode_tokens"]
+        assert engine["episode_digests"] == batch["episode_digests"] and len(set(engine["episode_digests"])) == 3
+        assert engine["episode_turns"] == batch["episode_turns"] == [n] * 3  # the turn limit holds; nothing ends early
+        if single:  # (b) played the first two of the same episodes
+            assert single["episodes"] == 2 and single["episode_digests"] == engine["episode_digests"][:2]
+    # (a) re-encodes the history every turn: its tokens processed exceed the engine's, more so with more turns
+    ratio = {n: by[("gridworld", n, "generate_batch")]["processed_tokens"] / by[("gridworld", n, "engine")]["processed_tokens"]
+             for n in (2, 3)}
+    assert 1 < ratio[2] < ratio[3]
+    md = (tmp_path / "rs.md").read_text()
+    for heading in ("## gridworld, 2 turns", "## gridworld, 3 turns", "## codegen, 2 turns", "## Time vs number of turns"):
+        assert heading in md
+    assert md.count("| (b) generate, batch 1") == 2 and "Load average" in md and "Command: `" in md
+    assert len((tmp_path / "rs.jsonl").read_text().splitlines()) == 8
+
+
+def test_rollout_speed_rejects_bad_flags(tmp_path):
+    from benchmarks import rollout_speed
+
+    for bad, flag in [({"methods": ["nope"]}, "--methods"), ({"turns": [0]}, "--turns"),
+                      ({"gridworld_id": "no-such-env"}, "--gridworld-id")]:
+        with pytest.raises(SystemExit, match=flag):
+            rollout_speed.main(tiny_speed_args(tmp_path, **bad))
+
+
+@pytest.mark.slow
+def test_rollout_speed_measures_each_cell_in_a_fresh_process(tmp_path):
+    from benchmarks import rollout_speed
+
+    results = rollout_speed.main(tiny_speed_args(tmp_path, turns=[1], codegen_attempts=0, methods=["engine"],
+                                                 fresh_process=True))
+    assert len(results) == 1 and results[0]["peak_rss_mib"] >= results[0]["rss_after_load_mib"] > 50
+
+
+# --- benchmarks/<algo>.sh: the exact commands behind each algorithm's published numbers ------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+# flags whose value is a command line for other scripts: (wrapper, flag) -> the algorithms it is passed to
+# (None: those named by the wrapper's --algorithms)
+EMBEDDED_ARGS = {("run", "--script-args"): None, ("hybrid_three_way", "--extra-args"): ["hybrid_planner"],
+                 ("offline_gridworld", "--cql-args"): ["cql"], ("offline_gridworld", "--dt-args"): ["decision_transformer"]}
+
+
+def _load_script(path: Path):
+    """Import a script by path (not run): the module is registered before exec so dataclass/typing can resolve it."""
+    import importlib.util
+
+    name = f"_flagcheck_{path.parent.name}_{path.stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def cli_flags(path: Path) -> set[str]:
+    """The flags tyro makes from the script's `Args`: --field-name, plus --no-field-name for booleans;
+    Suppress-ed (derived) and Positional fields have no flag."""
+    import dataclasses
+    import typing
+
+    args_cls = _load_script(path).Args
+    hints = typing.get_type_hints(args_cls, include_extras=True)
+    flags = {"--help"}
+    for f in dataclasses.fields(args_cls):
+        hint = hints[f.name]
+        if "Suppress" in f"{f.type} {hint}" or "Positional" in f"{f.type} {hint}":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        flags.add(flag)
+        bare = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+        if bare is bool:
+            flags.add("--no-" + flag[2:])
+    return flags
+
+
+def shell_commands(text: str) -> list[tuple[Path, list[str]]]:
+    """(script, arguments) of every `python [-opts] algorithms|benchmarks/<name>.py ...` in a shell script:
+    `\\` continuations joined, comments dropped, a command ends at ; | & > < ( ). Shell variables ($OUT, loop
+    variables) stay as literal words, which is all a flag check needs."""
+    import re
+    import shlex
+
+    commands = []
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        if ".py" not in line or line.lstrip().startswith("#"):
+            continue
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+        for i, token in enumerate(tokens):
+            m = re.search(r"(?:^|/)(algorithms|benchmarks)/(\w+)\.py$", token)
+            if not m:
+                continue
+            j = i - 1
+            while j >= 0 and tokens[j].startswith("-"):  # interpreter options (python -u)
+                j -= 1
+            if j < 0 or tokens[j].rsplit("/", 1)[-1] not in ("python", "python3"):
+                continue
+            end = next((k for k in range(i + 1, len(tokens)) if set(tokens[k]) <= set(";|&<>()")), len(tokens))
+            commands.append((REPO / m.group(1) / f"{m.group(2)}.py", tokens[i + 1:end]))
+    return commands
+
+
+def flag_problems(script: Path, args: list[str], where: str) -> list[str]:
+    """Flags in `args` that `script`'s Args does not have (and those inside --script-args & co.)."""
+    import shlex
+
+    if not script.exists():
+        return [f"{where}: {script.relative_to(REPO)} does not exist"]
+    flags, problems = cli_flags(script), []
+    listed = []  # the values of --algorithms (benchmarks/run.py)
+    for k, token in enumerate(args):
+        if token == "--algorithms":
+            rest = args[k + 1:]
+            listed = rest[:next((n for n, a in enumerate(rest) if a.startswith("-")), len(rest))]
+    k = 0
+    while k < len(args):
+        token = args[k]
+        name, eq, value = token.partition("=")
+        if name.startswith("--") and not any(c.isspace() for c in name):  # not a value such as "--planner none"
+            if name not in flags:
+                problems.append(f"{where}: {script.relative_to(REPO)} has no flag {name}")
+            elif (script.stem, name) in EMBEDDED_ARGS:
+                if not eq:
+                    k += 1
+                    value = args[k] if k < len(args) else ""
+                targets = EMBEDDED_ARGS[(script.stem, name)] or [a for a in listed if "$" not in a]
+                for target in targets:
+                    problems += flag_problems(REPO / "algorithms" / f"{target}.py", shlex.split(value),
+                                              f"{where} ({name})")
+        k += 1
+    return problems
+
+
+def test_every_algorithm_has_an_executable_benchmark_script():
+    import os
+
+    for algo in sorted((REPO / "algorithms").glob("*.py")):
+        sh = REPO / "benchmarks" / f"{algo.stem}.sh"
+        assert sh.exists(), f"{algo.name} has no benchmarks/{sh.name} (the commands behind its published numbers)"
+        assert os.access(sh, os.X_OK), f"{sh.name} is not executable (chmod +x)"
+        text = sh.read_text()
+        assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text, sh.name
+        assert 'cd "$(dirname "$0")/.."' in text, sh.name
+        proc = subprocess.run(["bash", "-n", str(sh)], check=False, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{sh.name}: {proc.stderr}"
+        ran = {script.relative_to(REPO).as_posix() for script, _ in shell_commands(text)}
+        wrappers = ran - {"benchmarks/plot.py", "benchmarks/summarize_run.py"}
+        assert f"algorithms/{algo.name}" in ran or any(w.startswith("benchmarks/") for w in wrappers), \
+            f"{sh.name} runs neither algorithms/{algo.name} nor a benchmark wrapper: {sorted(ran)}"
+
+
+def test_benchmark_scripts_use_only_flags_the_scripts_have():
+    problems, checked = [], 0
+    for sh in sorted((REPO / "benchmarks").glob("*.sh")):
+        for script, args in shell_commands(sh.read_text()):
+            problems += flag_problems(script, args, sh.name)
+            checked += 1
+    assert checked >= 2 * len(list((REPO / "algorithms").glob("*.py"))), checked  # the parser found the commands
+    assert not problems, "flags that drifted away from the scripts:\n" + "\n".join(problems)
+
+
+def test_flag_check_catches_drifted_flags():
+    sh = """
+OUT=x
+for mode in cql bc; do
+  OMP_NUM_THREADS=2 timed python -u algorithms/cql.py --mode "$mode" --eval-episodes=1 --no-train-backbone \\
+      --output-dir "$OUT/a" --total-updatez 5  # a comment --not-a-flag
+done
+python benchmarks/run.py --algorithms grpo_agent star --seeds 1 2 --script-args "--total-iterations 2 --lr 3" > log
+# python algorithms/cql.py --commented-out
+python benchmarks/offline_gridworld.py '--cql-args=--total-updates 100 --eval-everyy 1' --dt-args "--train-steps 3"
+echo python algorithms/cql.py.txt --nope
+"""
+    commands = shell_commands(sh)
+    assert [(s.relative_to(REPO).as_posix(), a[:2]) for s, a in commands] == [
+        ("algorithms/cql.py", ["--mode", "$mode"]), ("benchmarks/run.py", ["--algorithms", "grpo_agent"]),
+        ("benchmarks/offline_gridworld.py", ["--cql-args=--total-updates 100 --eval-everyy 1", "--dt-args"])]
+    assert commands[0][1][-2:] == ["--total-updatez", "5"] and commands[1][1][-1] == "--total-iterations 2 --lr 3"
+    problems = [p for script, args in commands for p in flag_problems(script, args, "t.sh")]
+    assert problems == ["t.sh: algorithms/cql.py has no flag --total-updatez",
+                        "t.sh (--script-args): algorithms/grpo_agent.py has no flag --lr",
+                        "t.sh (--script-args): algorithms/star.py has no flag --total-iterations",
+                        "t.sh (--script-args): algorithms/star.py has no flag --lr",
+                        "t.sh (--cql-args): algorithms/cql.py has no flag --eval-everyy"]
+    assert "--no-save-model" in cli_flags(REPO / "algorithms" / "grpo_agent.py")
+    assert "--world-size" not in cli_flags(REPO / "algorithms" / "grpo_agent.py")  # Suppress-ed: derived, no flag

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The commands behind docs/ppo_gae_agent.md, "Results" (and README's algorithm table).
+# Published:
+#   1. Memory, SmolLM2-135M, one iteration of 2 GridWorld episodes, OMP_NUM_THREADS=2, peak RSS of the whole process
+#      from /usr/bin/time -v (trainable parameters incl. the 577 of the value head / peak RSS):
+#        full fine-tune, all 30 layers (--trainable-layers 0)   134,515,585 / 3.30 GiB
+#        the same with --gradient-checkpointing                 134,515,585 / 3.19 GiB
+#        LoRA r = 16 on all layers                                4,885,057 / 2.30 GiB
+#        the same with --gradient-checkpointing                   4,885,057 / 1.59 GiB
+#        top 6 layers (the default --trainable-layers 6)         21,241,729 / 1.47 GiB
+#        LoRA r = 16 on the top 6 layers                            977,473 / 1.13 GiB
+#      (shared machine, load average 5-9: wall times not comparable, not published).
+#   2. Learning check on `tiny` (= tests/test_ppo_gae.py::test_ppo_learns_gridworld_on_tiny): success of the 8 sampled
+#      episodes (charts/success_rate) per iteration 0.00 0.00 0.12 0.12 0.00 0.38 0.75 0.38 0.38 0.50, i.e. 0.04
+#      (iterations 1-3) -> 0.42 (8-10); entropy over the 4 moves 1.36 -> 0.99; explained variance -0.01 to +0.04.
+#      74 s CPU time, 14.6 min wall at load ~25 (333 s wall at load ~12 as the test). The variant with
+#      --max-episode-steps 12 --update-epochs 2: success 0.00 -> 0.25 (55 s CPU).
+#   3. Other environments and modes on `tiny`, one iteration of 2 episodes each: ran to the end (no numbers).
+#   4. SmolLM2-135M, 2 iterations of 8 episodes, OMP_NUM_THREADS=2: iteration 1 820 s wall (rollout 523, V_old +
+#      pi_ref + bootstrap 150, update 147), sampled success 0.00; iteration 2 292 s (214 / 48 / 30), success 0.50;
+#      8 min 45 s CPU time in 18 min 55 s wall (load ~11 falling to ~1). Upper bounds; no idle-machine time.
+# Machine: 2-core x86_64 CPU shared with other jobs.
+#   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/runs/ppo_gae_agent}
+if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "$OUT is not empty: move it away first (plot.py would count its old runs in the table)" >&2; exit 1
+fi
+mkdir -p "$OUT/memory"
+timed() { local t0=$SECONDS; "$@"; echo "$((SECONDS - t0)) s: $*" | tee -a "$OUT/wall_clock.txt"; }
+# --exp-name only labels the rows of the table; each memory run's stdout is kept in a .log next to its
+# /usr/bin/time report.
+
+# 1. Memory. The docs give one command with "[--lora-r 16] [--gradient-checkpointing]"; for the last two rows
+#    ("the default --trainable-layers 6") docs give only the row text: the same command without --trainable-layers 0.
+M=$OUT/memory
+OMP_NUM_THREADS=2 /usr/bin/time -v -o "$M/full.time" python algorithms/ppo_gae_agent.py --total-iterations 1 \
+    --num-episodes 2 --max-episode-steps 4 --eval-every 0 --update-epochs 1 --num-minibatches 1 --micro-batch-size 2 \
+    --trainable-layers 0 --exp-name mem-full --output-dir "$M" | tee "$M/full.log"
+OMP_NUM_THREADS=2 /usr/bin/time -v -o "$M/full_ckpt.time" python algorithms/ppo_gae_agent.py --total-iterations 1 \
+    --num-episodes 2 --max-episode-steps 4 --eval-every 0 --update-epochs 1 --num-minibatches 1 --micro-batch-size 2 \
+    --trainable-layers 0 --gradient-checkpointing --exp-name mem-full-ckpt --output-dir "$M" | tee "$M/full_ckpt.log"
+OMP_NUM_THREADS=2 /usr/bin/time -v -o "$M/lora.time" python algorithms/ppo_gae_agent.py --total-iterations 1 \
+    --num-episodes 2 --max-episode-steps 4 --eval-every 0 --update-epochs 1 --num-minibatches 1 --micro-batch-size 2 \
+    --trainable-layers 0 --lora-r 16 --exp-name mem-lora --output-dir "$M" | tee "$M/lora.log"
+OMP_NUM_THREADS=2 /usr/bin/time -v -o "$M/lora_ckpt.time" python algorithms/ppo_gae_agent.py --total-iterations 1 \
+    --num-episodes 2 --max-episode-steps 4 --eval-every 0 --update-epochs 1 --num-minibatches 1 --micro-batch-size 2 \
+    --trainable-layers 0 --lora-r 16 --gradient-checkpointing --exp-name mem-lora-ckpt --output-dir "$M" | tee "$M/lora_ckpt.log"
+OMP_NUM_THREADS=2 /usr/bin/time -v -o "$M/top6.time" python algorithms/ppo_gae_agent.py --total-iterations 1 \
+    --num-episodes 2 --max-episode-steps 4 --eval-every 0 --update-epochs 1 --num-minibatches 1 --micro-batch-size 2 \
+    --exp-name mem-top6 --output-dir "$M" | tee "$M/top6.log"
+OMP_NUM_THREADS=2 /usr/bin/time -v -o "$M/top6_lora.time" python algorithms/ppo_gae_agent.py --total-iterations 1 \
+    --num-episodes 2 --max-episode-steps 4 --eval-every 0 --update-epochs 1 --num-minibatches 1 --micro-batch-size 2 \
+    --lora-r 16 --exp-name mem-top6-lora --output-dir "$M" | tee "$M/top6_lora.log"
+for c in full full_ckpt lora lora_ckpt top6 top6_lora; do
+  echo "$c: $(grep -o '[0-9,]* trainable parameters' "$M/$c.log" | head -1), peak RSS" \
+       "$(awk '/Maximum resident/ {printf "%.2f GiB", $NF / 1048576}' "$M/$c.time")"
+done | tee "$OUT/memory.txt"
+
+# 2. Learning check on tiny, and the variant (docs give only "the same with --max-episode-steps 12 --update-epochs 2")
+timed python algorithms/ppo_gae_agent.py --model tiny --seed 1 --total-iterations 10 --num-episodes 8 \
+    --update-epochs 1 --num-minibatches 2 --micro-batch-size 4 --learning-rate 1e-3 --value-learning-rate 1e-2 \
+    --trainable-layers 0 --beta 0 --temperature 1.0 --eval-every 0 --exp-name tiny-learning-check --output-dir "$OUT"
+timed python algorithms/ppo_gae_agent.py --model tiny --seed 1 --total-iterations 10 --num-episodes 8 \
+    --update-epochs 2 --num-minibatches 2 --micro-batch-size 4 --learning-rate 1e-3 --value-learning-rate 1e-2 \
+    --trainable-layers 0 --beta 0 --temperature 1.0 --eval-every 0 --max-episode-steps 12 \
+    --exp-name tiny-learning-check-12steps --output-dir "$OUT"
+
+# 3. docs give only "--model tiny, one iteration of 2 episodes each" plus the flags of each configuration
+timed python algorithms/ppo_gae_agent.py --model tiny --total-iterations 1 --num-episodes 2 \
+    --env-id workspace --action-mode free --gae-level token --exp-name tiny-workspace --output-dir "$OUT"
+timed python algorithms/ppo_gae_agent.py --model tiny --total-iterations 1 --num-episodes 2 \
+    --env-id babyai-gotoredball --max-episode-steps 6 --critic separate --exp-name tiny-babyai --output-dir "$OUT"
+timed python algorithms/ppo_gae_agent.py --model tiny --total-iterations 1 --num-episodes 2 \
+    --action-mode free --trainable-layers 1 --exp-name tiny-free-top1 --output-dir "$OUT"
+timed python algorithms/ppo_gae_agent.py --model tiny --total-iterations 1 --num-episodes 2 \
+    --action-mode choice --trainable-layers 1 --critic separate --exp-name tiny-choice-separate --output-dir "$OUT"
+
+# 4. SmolLM2-135M, defaults otherwise (top 6 layers, beta = 0.01)
+OMP_NUM_THREADS=2 timed python algorithms/ppo_gae_agent.py --total-iterations 2 --num-episodes 8 --eval-every 0 \
+    --exp-name smollm2-2-iterations --output-dir "$OUT"
+
+python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
+    diagnostics/explained_variance perf/rollout_s perf/update_s --x-axes episodes wall --output "$OUT/results"
