@@ -49,8 +49,9 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import all_reduce_mean, init_distributed, print0, seed_everything
-from common.models import load_model, resolve_device
+from common.distributed import (all_reduce_mean, global_loss_denominator, init_distributed, print0, rank_param_divergence,
+                                seed_everything)
+from common.models import adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -95,6 +96,12 @@ class Args:
     """AdamW learning rate"""
     trainable_layers: int = 6
     """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
+    lora_r: int = 0
+    """LoRA rank (peft) on the trained layers' attention and MLP projections, base frozen; 0: train the weights"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the update is (alpha / r) B A"""
+    gradient_checkpointing: bool = False
+    """recompute layer activations in the backward (less memory, ~30% more compute)"""
     update_epochs: int = 2
     """optimisation epochs over each batch (1: on-policy, ratio = 1, as DeepSeekMath; >1 reuses the batch under the clip)"""
     micro_batch_size: int = 4
@@ -155,6 +162,8 @@ def validate_args(args: Args):
     problems = []
     if args.checkpoint_every < 0:
         problems.append("--checkpoint-every must be >= 0 (0: no periodic checkpoints)")
+    if args.lora_r < 0:
+        problems.append("--lora-r must be >= 0 (0: no LoRA)")
     for name in ("total_iterations", "num_groups", "group_size", "update_epochs", "micro_batch_size", "max_turn_tokens"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
@@ -179,7 +188,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, unit_mask, eps_low, eps_high
     """Eq. 12.19 over policy units, as a quantity to minimise.
 
     logp / old_logp / ref_logp / unit_mask: [B, U]; advantages: [B]. `num_units` and `num_seqs` are the
-    counts over the *whole* batch, so micro-batches accumulate to exactly the full-batch loss.
+    counts over the *whole* batch, so micro-batches accumulate to exactly the full-batch loss (under
+    torchrun: the global counts / world size, so the averaged gradients are the global batch's).
     """
     ratio = torch.exp(logp - old_logp)
     adv = advantages[:, None]
@@ -192,10 +202,10 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, unit_mask, eps_low, eps_high
         kl = torch.exp(log_r) - log_r - 1
         per_unit = per_unit + beta * kl
     if loss_agg == "token-mean":
-        loss = (per_unit * unit_mask).sum() / max(num_units, 1)
+        loss = (per_unit * unit_mask).sum() / max(num_units, 1e-8)
     else:
         per_seq = (per_unit * unit_mask).sum(1) / unit_mask.sum(1).clamp(min=1)
-        loss = per_seq.sum() / max(num_seqs, 1)
+        loss = per_seq.sum() / max(num_seqs, 1e-8)
     with torch.no_grad():
         m = unit_mask.bool()
         stats = {
@@ -270,24 +280,33 @@ if __name__ == "__main__":
 
     # seeding: each rank samples its own episodes; the model init (tiny) is the same on every rank
     seed_everything(args.seed, args.torch_deterministic)
-    model, tokenizer = load_model(args.model, device, seed=args.seed)
+    dtype = torch.float32 if args.lora_r == 0 else None  # trained weights in fp32 (bf16 rounds a 1e-5 step away)
+    model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     rank_seed = args.seed + 1000 * rank
     sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
     py_rng = random.Random(rank_seed)
 
     num_layers = len(model.get_decoder().layers)
-    if 0 < args.trainable_layers < num_layers:
+    top = 0 < args.trainable_layers < num_layers
+    if args.lora_r > 0:  # adapters on the trained layers (all if 0); every base weight frozen
+        model = apply_lora(model, args.lora_r, args.lora_alpha,
+                           layers=range(num_layers - args.trainable_layers, num_layers) if top else None)
+    elif top:
         model.requires_grad_(False)
         for layer in model.get_decoder().layers[-args.trainable_layers:]:
             layer.requires_grad_(True)
         model.get_decoder().norm.requires_grad_(True)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     params = [p for p in model.parameters() if p.requires_grad]
     if args.world_size > 1:  # start from identical weights on every rank: broadcast, not seeding alone
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
     ref_model = None
-    if args.beta > 0:
-        ref_model, _ = load_model(args.model, device, seed=args.seed)
+    if args.beta > 0 and args.lora_r > 0:
+        ref_model = model  # the reference is the policy with its adapters switched off: no second copy
+    elif args.beta > 0:
+        ref_model, _ = load_model(args.model, device, dtype, seed=args.seed)
         ref_model.requires_grad_(False)
         if args.world_size > 1:
             for p in ref_model.parameters():
@@ -343,7 +362,8 @@ if __name__ == "__main__":
 
     def run_eval(iteration: int):
         if args.eval_every > 0 and rank == 0:
-            metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed)
+            with autocast(device):
+                metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed)
             tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
             print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
                    f"| return {metrics['episodic_return']:.2f}")
@@ -356,8 +376,9 @@ if __name__ == "__main__":
         t0 = time.time()
         task_seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_groups + g for g in range(args.num_groups)]
         seeds = [s for s in task_seeds for _ in range(args.group_size)]
-        trajs = engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
-                           generator=sample_gen)
+        with autocast(device):
+            trajs = engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
+                               generator=sample_gen)
         rollout_s = time.time() - t0
         episodes_seen += len(trajs) * args.world_size
 
@@ -382,15 +403,18 @@ if __name__ == "__main__":
         if ranks_with_data > 0:
             old_logp, unit_mask = behavior_units(train_trajs, args.action_mode) if train_trajs else (torch.zeros(0, 1),) * 2
             old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
-            num_units, num_seqs = int(unit_mask.sum()), len(train_trajs)
+            # under torchrun: global counts / world size, so the averaged gradients equal one process's on the
+            # whole batch (2 ranks x b == 1 x 2b); locally, the counts themselves
+            num_units, num_seqs = global_loss_denominator(unit_mask.sum().item()), len(train_trajs)
+            seq_denominator = global_loss_denominator(num_seqs)
             chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
             trunk = lambda c: ([train_inputs[i] for i in c], frozen_below) if train_inputs else (None, 0)  # noqa: E731
             ref_logp = torch.zeros_like(old_logp)
             if ref_model is not None:
                 tr = time.time()
-                with torch.no_grad():
+                with torch.no_grad(), autocast(device), adapter_disabled(ref_model) as reference:
                     for c in chunks:
-                        ref = policy_logprobs(ref_model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
+                        ref = policy_logprobs(reference, [train_trajs[i] for i in c], args.action_mode, args.temperature,
                                               args.choice_token_norm, *trunk(c)).logprobs
                         ref_logp[c.start:c.stop, : ref.shape[1]] = ref
                 ref_s = time.time() - tr
@@ -398,12 +422,13 @@ if __name__ == "__main__":
             for epoch in range(args.update_epochs):
                 optimizer.zero_grad(set_to_none=False)
                 for c in chunks:
-                    units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
-                                            args.choice_token_norm, *trunk(c))
+                    with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
+                        units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
+                                                args.choice_token_norm, *trunk(c))
                     width = units.logprobs.shape[1]
                     sl = (slice(c.start, c.stop), slice(0, width))
                     loss, s = grpo_loss(units.logprobs, old_logp[sl], ref_logp[sl], train_adv[c.start:c.stop], unit_mask[sl],
-                                        args.clip_eps_low, args.clip_eps_high, args.beta, args.loss_agg, num_units, num_seqs)
+                                        args.clip_eps_low, args.clip_eps_high, args.beta, args.loss_agg, num_units, seq_denominator)
                     loss.backward()
                     if epoch == 0:  # same weights as the sampler: the recorded log-probs must match
                         gap = ((units.logprobs.detach() - old_logp[sl]).abs() * unit_mask[sl])
@@ -448,6 +473,8 @@ if __name__ == "__main__":
             "perf/iteration_generated_tokens": sum(t.num_policy_tokens for t in trajs),
             "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,
         }
+        if args.world_size > 1:  # every rank applied the same averaged update: their weights must agree exactly
+            scalars["diagnostics/rank_param_divergence"] = rank_param_divergence(params)
         scalars = all_reduce_mean(scalars)
         generated_tokens += round(scalars["perf/iteration_generated_tokens"] * args.world_size)
         scalars["perf/generated_tokens"] = generated_tokens  # cumulative, all ranks: the x-axis of benchmarks/plot.py
@@ -475,8 +502,7 @@ if __name__ == "__main__":
 
     if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        save_model(model, tokenizer, path)  # with LoRA: the adapter only
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()

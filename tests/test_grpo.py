@@ -160,5 +160,28 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
     assert len(runs) == 1  # only rank 0 writes
     assert proc.stdout.count("iter 2/2") == 1  # print0: one progress line per iteration
     assert "8 episodes/iteration" in proc.stdout  # global batch = group size x world size
-    episodes = [step for step, _ in read_scalars(runs[0])["charts/success_rate"]]
-    assert episodes == [8, 16]
+    scalars = read_scalars(runs[0])
+    assert [step for step, _ in scalars["charts/success_rate"]] == [8, 16]
+    # weights broadcast at the start and averaged gradients after: both ranks hold identical weights
+    assert [value for _, value in scalars["diagnostics/rank_param_divergence"]] == [0.0, 0.0]
+    assert any(value > 0 for _, value in scalars["diagnostics/grad_norm"])  # and they did change
+
+
+def test_lora_trains_only_the_adapter_and_the_reference_is_the_base(tmp_path):
+    """--lora-r: KL to the adapter-disabled policy (no second copy); --save-model writes the adapter alone."""
+    from common.models import load_model
+
+    run_dir, out = run_grpo(tmp_path, "--model", "tiny", "--seed", "5", "--total-iterations", "2", "--group-size", "4",
+                            "--lora-r", "4", "--beta", "0.1", "--learning-rate", "1e-2", "--trainable-layers", "0",
+                            "--eval-every", "0", "--save-model")
+    saved = run_dir / "model"
+    assert (saved / "adapter_config.json").exists() and not (saved / "model.safetensors").exists()
+    scalars = read_scalars(run_dir)
+    assert scalars["diagnostics/logprob_mismatch"][0][1] < 1e-4  # the sampler's weights are the trainer's
+    kl = [v for _, v in scalars["losses/kl"]]
+    trained, _ = load_model(str(saved), "cpu")
+    base, _ = load_model("tiny", "cpu", seed=5)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert not torch.allclose(trained(ids).logits, base(ids).logits)  # the adapter moved the policy
+    assert kl[-1] > 0  # the reference (adapters off) is not the trained policy (adapters on)
