@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
 # The commands behind benchmarks/results/zero_shot_families.md: smollm2-135m zero-shot (no training),
-# 50 episodes per environment family, sampled at temperature 1. Grid-like environments are played in
-# `choice` mode (a distribution over the action names), text environments in `free` mode (generated text).
+# 50 episodes per environment family (workspace: 10 per level, 50 over its five levels), sampled at
+# temperature 1. Grid-like environments are played in `choice` mode (a distribution over the action names),
+# text environments in `free` mode (generated text).
 # Each line appends one JSON result to the .jsonl; `zero_shot.py --table` renders the markdown table.
 #   bash benchmarks/zero_shot.sh            # about an hour on 2 idle CPU cores (not timed end to end)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/zero_shot_families.jsonl}
-run() { python benchmarks/zero_shot.py --model smollm2-135m --episodes 50 --batch-size 25 --output "$OUT" "$@"; }
+run() { python benchmarks/zero_shot.py --model smollm2-135m --batch-size 25 --output "$OUT" "$@"; }
 : > "$OUT"
-run --env-id gridworld --action-mode choice
+run --episodes 50 --env-id gridworld --action-mode choice
 # step caps (optimal: FrozenLake 6, CliffWalking 13, Taxi <= 20 steps; BabyAI GoToRedBall a few) keep contexts short
-run --env-id frozenlake --action-mode choice --env-kwargs '{"max_steps": 20}'
-run --env-id taxi --action-mode choice --env-kwargs '{"max_steps": 30}'
-run --env-id cliffwalking --action-mode choice --env-kwargs '{"max_steps": 30}'
-run --env-id babyai-gotoredball --action-mode choice --env-kwargs '{"max_steps": 24}'
-run --env-id arithmetic --action-mode free --max-turn-tokens 64
-run --env-id wordproblems --action-mode free --max-turn-tokens 96
-run --env-id codegen --action-mode free --max-turn-tokens 192
-run --env-id codegen-humaneval --action-mode free --max-turn-tokens 256
+run --episodes 50 --env-id frozenlake --action-mode choice --env-kwargs '{"max_steps": 20}'
+run --episodes 50 --env-id taxi --action-mode choice --env-kwargs '{"max_steps": 30}'
+run --episodes 50 --env-id cliffwalking --action-mode choice --env-kwargs '{"max_steps": 30}'
+run --episodes 50 --env-id babyai-gotoredball --action-mode choice --env-kwargs '{"max_steps": 24}'
+run --episodes 50 --env-id arithmetic --action-mode free --max-turn-tokens 64
+run --episodes 50 --env-id wordproblems --action-mode free --max-turn-tokens 96
+run --episodes 50 --env-id codegen --action-mode free --max-turn-tokens 192
+run --episodes 50 --env-id codegen-humaneval --action-mode free --max-turn-tokens 256
 for level in 1 2 3 4 5; do
-  run --env-id workspace --action-mode free --max-turn-tokens 96 --env-kwargs "{\"level\": $level}"
+  run --episodes 10 --env-id workspace --action-mode free --max-turn-tokens 96 --env-kwargs "{\"level\": $level}"
 done
 if python -c "import textworld" 2>/dev/null; then  # optional: pip install -r requirements-textworld.txt
-  run --env-id textworld --action-mode free --max-turn-tokens 16
+  run --episodes 50 --env-id textworld --action-mode free --max-turn-tokens 16
 fi
 python benchmarks/zero_shot.py --table "$OUT" > benchmarks/results/zero_shot_families.md
