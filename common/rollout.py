@@ -421,7 +421,8 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     if layer_inputs is not None and not multi:
         hidden = _forward_from_layer(body, layer_inputs, from_layer, attention_mask, pos)
     else:
-        hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+        # use_cache=False: a scoring/training forward needs no KV cache (building one only costs memory)
+        hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).last_hidden_state
     rows_lp, rows_ent = [], []
     for i, t in enumerate(trajs):
         if action_mode == "choice" and not t.choice_steps:
@@ -473,6 +474,6 @@ def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int,
     all_layers = body.layers
     body.layers = all_layers[from_layer:]
     try:
-        return body(inputs_embeds=x, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+        return body(inputs_embeds=x, attention_mask=attention_mask, position_ids=pos, use_cache=False).last_hidden_state
     finally:
         body.layers = all_layers
