@@ -18,10 +18,12 @@ Usage:
     python algorithms/hybrid_planner.py --env-id gridworld-procedural --eval-env-kwargs '{"split": "test"}'
     python algorithms/hybrid_planner.py --model tiny --total-episodes 40  # seconds, for a smoke test
     python algorithms/hybrid_planner.py --device cuda                     # the planner on one GPU
+    python algorithms/hybrid_planner.py --checkpoint-every 100            # then, after a crash or Ctrl-C:
+    python algorithms/hybrid_planner.py --resume runs/<run> [--total-episodes 1200]
     python benchmarks/hybrid_three_way.py                                 # seed 003's three-way table
 
-Copying this file out: it needs `common/` (model loading, chat format, candidate scoring, tracking)
-and `envs/gridworld.py`.
+Copying this file out: it needs `common/` (model loading, chat format, candidate scoring, tracking,
+checkpoints) and `envs/gridworld.py`.
 
 Where this departs from the seed:
 - The controller is a Double DQN (van Hasselt et al. 2016) over a one-hot grid encoding, like the
@@ -58,15 +60,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 
 import envs
 from common.chat import ChatFormat
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import print0, seed_everything
 from common.models import load_model, resolve_device
 from common.rollout import score_candidates
 from common.tracking import Tracker, make_run_name
-from envs.gridworld import ACTIONS, MOVES, GridWorldEnv, plan
+from envs.gridworld import ACTIONS, GridWorldEnv, plan
 
 
 @dataclass
@@ -87,6 +89,11 @@ class Args:
     """`gridworld` (seed-003 layout) or `gridworld-procedural` (random layouts; train split by default)"""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """save a checkpoint (Q-networks, replay buffer, Adam, RNG states, counters) every N training episodes and at
+    the end; 0: never. Ctrl-C (or SIGTERM) always finishes the episode and saves one before exiting"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     planner: Literal["llm", "oracle", "none"] = "llm"
@@ -142,10 +149,11 @@ SMOKE_TEST_ARGS = ["--total-episodes", "12", "--learning-starts", "20", "--repla
                    "--eval-every", "6", "--eval-episodes", "2"]
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/resources",
                "charts/llm_calls_per_episode", "charts/replans_per_episode", "losses/td_loss", "losses/q_values",
-               "diagnostics/epsilon", "diagnostics/skill_rate", "perf/planner_ms_per_step",
-               "perf/controller_ms_per_step", "eval/success_rate", "eval/episodic_return", "eval/resources",
-               "eval/llm_calls_per_episode")
+               "diagnostics/epsilon", "diagnostics/skill_rate", "perf/planner_ms_per_step", "perf/controller_ms_per_step",
+               "eval/success_rate", "eval/episodic_return", "eval/resources", "eval/llm_calls_per_episode")
 
+# the flags --resume lets differ from the saved run (none of them changes what the controller trains on)
+RESUMABLE = {"total_episodes", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir"}
 SKILLS = ("collect_adjacent",)  # action index 4 onwards
 NUM_ACTIONS = len(ACTIONS) + len(SKILLS)
 
@@ -176,8 +184,8 @@ def validate_args(args: Args) -> dict:
                  "eval_episodes", "hidden_size"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
-    if args.replan_bound < 0 or args.replan_every < 0 or args.eval_every < 0 or args.learning_starts < 0:
-        problems.append("--replan-bound, --replan-every, --eval-every and --learning-starts must be >= 0")
+    if min(args.replan_bound, args.replan_every, args.eval_every, args.learning_starts, args.checkpoint_every) < 0:
+        problems.append("--replan-bound, --replan-every, --eval-every, --learning-starts, --checkpoint-every must be >= 0")
     if not 0 <= args.epsilon_end <= args.epsilon_start <= 1 or not 0 < args.exploration_fraction <= 1:
         problems.append("need 0 <= --epsilon-end <= --epsilon-start <= 1 and 0 < --exploration-fraction <= 1")
     if not 0 < args.gamma <= 1:
@@ -202,17 +210,11 @@ def grid_state(env: GridWorldEnv):
 
 def features(layout, state, target, max_steps: int) -> np.ndarray:
     """One-hot channels over the grid: walls, remaining resources, goals, agent, subgoal target; + steps left."""
-    rows, cols = len(layout.grid), len(layout.grid[0])
-    x = np.zeros((5, rows, cols), dtype=np.float32)
-    for r, c in layout.walls:
-        x[0, r, c] = 1
-    for r, c in set(layout.resources) - state.collected:
-        x[1, r, c] = 1
-    for r, c in layout.goals:
-        x[2, r, c] = 1
-    x[3, state.pos[0], state.pos[1]] = 1
-    if target is not None:
-        x[4, target[0], target[1]] = 1
+    x = np.zeros((5, len(layout.grid), len(layout.grid[0])), dtype=np.float32)
+    remaining, where = set(layout.resources) - state.collected, [state.pos]
+    for channel, cells in enumerate((layout.walls, remaining, layout.goals, where, [target] if target else [])):
+        for r, c in cells:
+            x[channel, r, c] = 1
     return np.concatenate([x.ravel(), [1 - state.steps / max_steps]]).astype(np.float32)
 
 
@@ -254,7 +256,7 @@ class LLMPlanner:
 
     def __init__(self, model, tokenizer, device, max_subgoals: int):
         self.model, self.chat, self.device, self.max_subgoals = model, ChatFormat(tokenizer), device, max_subgoals
-        self.cache: dict[tuple, int] = {}
+        self.cache: dict[tuple, int] = {}  # (prompt, candidates) -> choice
         self.plans = self.model_calls = self.cache_hits = 0
 
     @torch.no_grad()
@@ -340,6 +342,8 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class Replay:
+    FIELDS = ("obs", "actions", "rewards", "next_obs", "dones", "next_masks")
+
     def __init__(self, size: int, dim: int):
         self.obs, self.next_obs = np.zeros((size, dim), np.float32), np.zeros((size, dim), np.float32)
         self.actions, self.rewards = np.zeros(size, np.int64), np.zeros(size, np.float32)
@@ -354,8 +358,15 @@ class Replay:
 
     def sample(self, k: int, rng: np.random.Generator):
         idx = rng.integers(0, self.n, k)
-        return [torch.from_numpy(a[idx]) for a in (self.obs, self.actions, self.rewards, self.next_obs, self.dones,
-                                                   self.next_masks)]
+        return [torch.from_numpy(getattr(self, f)[idx]) for f in self.FIELDS]
+
+    def state_dict(self) -> dict:  # the filled rows, copied (a view would save the whole array) into tensors
+        return {"n": self.n, "i": self.i, **{f: torch.from_numpy(getattr(self, f)[: self.n].copy()) for f in self.FIELDS}}
+
+    def load_state_dict(self, state: dict):
+        for f in self.FIELDS:
+            getattr(self, f)[: state["n"]] = state[f].numpy()
+        self.n, self.i = state["n"], state["i"]
 
 
 # ---- one episode of the hybrid agent ----
@@ -367,8 +378,7 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
     plan_, current, since, since_plan = [], None, 0, 0
     replans: list[tuple[int, str]] = []  # (step, cause)
     total, planner_s, controller_s, skill_uses = 0.0, 0.0, 0.0, 0
-    calls_before = planner.plans if planner else 0
-    model_calls_before = planner.model_calls if planner else 0
+    calls_before, model_calls_before = (planner.plans, planner.model_calls) if planner else (0, 0)
     step, done, info = 0, False, {}
 
     def replan(cause: str):
@@ -406,9 +416,8 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
             ctrl_reward = reward if planner is None else \
                 reward - info["reward_components"]["task"] + args.subgoal_bonus * reached
             next_target = current.target if current and not reached else None
-            replay.add(x, action, ctrl_reward,
-                       features(layout, state, next_target, env.max_steps), float(done or reached),
-                       action_mask(layout, state, args.skills and planner is not None))
+            replay.add(x, action, ctrl_reward, features(layout, state, next_target, env.max_steps),
+                       float(done or reached), action_mask(layout, state, args.skills and planner is not None))
         total += reward
         if on_step:
             on_step(step, observation, current)
@@ -435,17 +444,16 @@ def evaluate(env, planner, qnet, args, num: int, seed: int) -> dict[str, float]:
     """Greedy controller on evaluation seeds disjoint from training seeds; planner calls counted per episode."""
     rng = random.Random(seed)
     results = [run_episode(env, (1 << 40) + seed * 1000 + i, planner, qnet, 0.0, args, rng) for i in range(num)]
-    return {"success_rate": np.mean([r["success"] for r in results]), "episodic_return": np.mean([r["return"] for r in results]),
-            "resources": np.mean([r["resources"] for r in results]), "episode_length": np.mean([r["length"] for r in results]),
-            "llm_calls_per_episode": np.mean([r["planner_calls"] for r in results]),
-            "llm_model_calls_per_episode": np.mean([r["llm_calls"] for r in results]),
+    mean = lambda k: np.mean([r[k] for r in results])
+    return {"success_rate": mean("success"), "episodic_return": mean("return"), "resources": mean("resources"),
+            "episode_length": mean("length"), "llm_calls_per_episode": mean("planner_calls"),
+            "llm_model_calls_per_episode": mean("llm_calls"),
             "replans_per_episode": np.mean([len(r["replans"]) for r in results]),
-            "planner_ms_per_step": np.mean([r["planner_ms_per_step"] for r in results]),
-            "controller_ms_per_step": np.mean([r["controller_ms_per_step"] for r in results])}
+            "planner_ms_per_step": mean("planner_ms_per_step"), "controller_ms_per_step": mean("controller_ms_per_step")}
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "hybrid_planner.py")
     eval_kwargs = validate_args(args)
     device = resolve_device(args.device)
     try:
@@ -455,7 +463,12 @@ if __name__ == "__main__":
     if not isinstance(train_env, GridWorldEnv):
         raise SystemExit(f"--env-id: the hybrid planner runs on the GridWorld family (gridworld, gridworld-procedural), "
                          f"not {args.env_id}")
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.total_episodes < resumed["counters"]["iteration"]:
+        raise SystemExit(f"--total-episodes {args.total_episodes}: the checkpoint is at episode "
+                         f"{resumed['counters']['iteration']} already")
 
     # seeding
     seed_everything(args.seed, args.torch_deterministic)
@@ -475,8 +488,8 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam(qnet.parameters(), lr=args.learning_rate)
     replay = Replay(args.buffer_size, dim)
 
-    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=True)
-    print0(f"run {run_name}: planner {args.planner}"
+    tracker = Tracker(run_dir, vars(args), resume_state=resumed and resumed["tracker"])
+    print0(f"run {os.path.basename(run_dir)}: planner {args.planner}"
            f"{' (' + args.model + ')' if args.planner == 'llm' else ''} on {args.env_id}, {args.total_episodes} episodes")
 
     def run_eval(episode: int):
@@ -487,11 +500,26 @@ if __name__ == "__main__":
                f"| planner calls/ep {m['llm_calls_per_episode']:.1f} | planner {m['planner_ms_per_step']:.1f} ms/step "
                f"| controller {m['controller_ms_per_step']:.2f} ms/step")
 
-    run_eval(0)
-    start, updates, window, causes = time.time(), 0, [], Counter()
+    start, updates, window, causes, first_episode = time.time(), 0, [], Counter(), 1
     recent_losses, recent_q = deque(maxlen=200), deque(maxlen=200)
     decay_episodes = max(1, int(args.exploration_fraction * args.total_episodes))
-    for episode in range(1, args.total_episodes + 1):
+    generators = {"python": rng, "numpy": np_rng}
+    if resumed:  # everything the next episode depends on, as it was after the checkpoint's episode
+        ckpt.restore(resumed, qnet, optimizer, generators=generators)  # online Q-network, Adam, every RNG
+        counters, extra = resumed["counters"], resumed["extra"]
+        first_episode, updates = counters["iteration"] + 1, counters["updates"]
+        decay_episodes = counters["decay_episodes"]  # the saved run's ε schedule: a longer run goes on at --epsilon-end
+        target_net.load_state_dict(extra["target"])
+        replay.load_state_dict(extra["replay"])
+        recent_losses, recent_q = (deque(values, maxlen=200) for values in extra["recent"])
+        window, causes = extra["window"], Counter(extra["causes"])  # the unfinished logging window
+        if args.planner == "llm":  # its answers are deterministic, but a lost cache would cost LLM calls
+            planner.cache = {(user, tuple(descs)): pick for user, descs, pick in extra["llm_cache"]}
+        print0(f"resumed from {run_dir} at episode {first_episode - 1} ({replay.n} transitions, {updates} updates)")
+    else:
+        run_eval(0)
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this episode, save a checkpoint, exit
+    for episode in range(first_episode, args.total_episodes + 1):
         epsilon = max(args.epsilon_end, args.epsilon_start - (args.epsilon_start - args.epsilon_end) * episode / decay_episodes)
 
         def learn(step, observation, subgoal):  # one DQN update per environment step
@@ -519,41 +547,49 @@ if __name__ == "__main__":
         causes.update(c for _, c in result["replans"])
         if episode % args.log_every == 0 or episode == args.total_episodes:
             mean = lambda k: float(np.mean([r[k] for r in window]))  # noqa: E731
-            steps = sum(r["length"] for r in window)
             tracker.scalars({
                 "charts/episodic_return": mean("return"), "charts/success_rate": mean("success"),
                 "charts/episode_length": mean("length"), "charts/resources": mean("resources"),
-                "charts/llm_calls_per_episode": mean("planner_calls"),
-                "charts/llm_model_calls_per_episode": mean("llm_calls"),
+                "charts/llm_calls_per_episode": mean("planner_calls"), "charts/llm_model_calls_per_episode": mean("llm_calls"),
                 "charts/replans_per_episode": float(np.mean([len(r["replans"]) for r in window])),
                 **{f"charts/replans_{c}": causes[c] / len(window) for c in ("start", "mismatch", "exhausted", "periodic")},
                 "losses/td_loss": float(np.mean(recent_losses)) if recent_losses else 0.0,
                 "losses/q_values": float(np.mean(recent_q)) if recent_q else 0.0,
-                "diagnostics/epsilon": epsilon,
-                "diagnostics/skill_rate": sum(r["skill_uses"] for r in window) / steps,
-                "diagnostics/updates": updates,
+                "diagnostics/epsilon": epsilon, "diagnostics/updates": updates,
+                "diagnostics/skill_rate": sum(r["skill_uses"] for r in window) / sum(r["length"] for r in window),
                 "perf/planner_ms_per_step": mean("planner_ms_per_step"),
                 "perf/controller_ms_per_step": mean("controller_ms_per_step"),
-                "perf/episodes_per_s": episode / (time.time() - start),
+                "perf/episodes_per_s": (episode - first_episode + 1) / (time.time() - start),
             }, episode)
             print0(f"episode {episode}/{args.total_episodes} | return {mean('return'):.2f} | success {mean('success'):.2f} "
                    f"| resources {mean('resources'):.2f} | eps {epsilon:.2f} | replans/ep "
                    f"{np.mean([len(r['replans']) for r in window]):.2f} ({dict(causes)}) | td "
                    f"{np.mean(recent_losses) if recent_losses else 0:.4f} | {time.time() - start:.0f}s")
             window, causes = [], Counter()
-        if args.eval_every and episode % args.eval_every == 0 and episode != args.total_episodes:
+        if (args.eval_every and episode % args.eval_every == 0) or episode == args.total_episodes:
             run_eval(episode)
-    run_eval(args.total_episodes)
+        stop = interrupt.should_stop()
+        if ckpt.due(episode, last=episode == args.total_episodes) or stop:
+            ckpt.save({"iteration": episode, "updates": updates, "decay_episodes": decay_episodes}, qnet, optimizer,
+                      generators=generators, tracker=tracker, extra={
+                          "target": target_net.state_dict(), "replay": replay.state_dict(), "window": window,
+                          "recent": [list(recent_losses), list(recent_q)], "causes": dict(causes),
+                          "llm_cache": [[u, list(d), c] for (u, d), c in getattr(planner, "cache", {}).items()]})
+            print0(f"checkpoint saved in {run_dir} (episode {episode})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
 
     if args.save_model:
-        path = os.path.join(args.output_dir, run_name)
-        torch.save(qnet.state_dict(), os.path.join(path, "controller.pt"))
+        torch.save(qnet.state_dict(), os.path.join(run_dir, "controller.pt"))
         if model is not None:
-            model.save_pretrained(os.path.join(path, "model"))
-            tokenizer.save_pretrained(os.path.join(path, "model"))
-        print0(f"controller{' and planner' if model is not None else ''} saved to {path}")
+            model.save_pretrained(os.path.join(run_dir, "model"))
+            tokenizer.save_pretrained(os.path.join(run_dir, "model"))
+        print0(f"controller{' and planner' if model is not None else ''} saved to {run_dir}")
     if planner is not None:
         print0(f"planner: {planner.plans} plans; {planner.model_calls} LLM forwards, {planner.cache_hits} choices "
                "answered from the cache")
-    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()

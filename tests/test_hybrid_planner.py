@@ -158,3 +158,42 @@ def test_a_resource_collected_on_the_way_is_skipped_not_chased():
     plan = [second, goal]
     assert hp.next_subgoal(plan, layout, collected) is goal and plan == []  # picked up early: skipped
     assert hp.next_subgoal([], layout, state) is None
+
+
+def test_resume_after_a_crash_logs_the_same_numbers_as_an_uninterrupted_run(tmp_path):
+    """A run killed (SIGKILL: a crash) after its checkpoint at episode k, resumed with --resume, logs every scalar
+    of the uninterrupted run: Q-networks, replay buffer, Adam, RNGs, ε position and the half-filled logging window
+    all come back. The checkpoint falls mid logging window (k = 10, --log-every 4) and between target-network
+    copies; the crashed run's events after k are purged. Wall-clock tags (perf/*, *_ms*) are not compared."""
+    import json
+    import signal
+
+    script, n, k = str(ROOT / "algorithms" / "hybrid_planner.py"), 30, 10
+    flags = ["--planner", "oracle", "--total-episodes", str(n), "--learning-starts", "20", "--replay-batch-size", "16",
+             "--log-every", "4", "--eval-every", "10", "--eval-episodes", "2", "--target-update-every", "25", "--seed", "3"]
+    ref_out, crash_out = tmp_path / "reference", tmp_path / "crashed"
+    popen = lambda *extra: subprocess.Popen([sys.executable, script, *flags, *extra], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)
+    reference = popen("--output-dir", str(ref_out))  # both at once: the CI time is mostly start-up
+    crashed = popen("--output-dir", str(crash_out), "--checkpoint-every", str(k))
+    for line in crashed.stdout:
+        if line.startswith("checkpoint saved") and line.rstrip().endswith(f"(episode {k})"):
+            crashed.send_signal(signal.SIGKILL)
+            break
+    crashed.communicate(timeout=300)
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()[-3000:]
+    run_dir = next(crash_out.iterdir())
+    saved_at = json.loads((run_dir / "checkpoint.json").read_text())["iteration"]
+    assert k <= saved_at < n, saved_at
+    proc = subprocess.run([sys.executable, script, "--resume", str(run_dir), "--total-episodes", str(n)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {run_dir} at episode {saved_at}" in proc.stdout and "eval @ 0 " not in proc.stdout
+
+    resumed, expected = read_scalars(run_dir), read_scalars(next(ref_out.iterdir()))
+    wall_clock = lambda tag: tag.startswith("perf/") or "_ms" in tag or "seconds" in tag
+    compared = sorted(t for t in expected if not wall_clock(t))
+    assert set(resumed) == set(expected) and "losses/td_loss" in compared and "eval/success_rate" in compared
+    for tag in compared:
+        assert resumed[tag] == expected[tag], tag  # same steps, bit-identical values (CPU)
+    assert expected["diagnostics/updates"][-1][1] > 25 * 4  # several target-network copies happened
