@@ -19,6 +19,8 @@ Usage:
     python algorithms/ppo_gae_agent.py --critic separate                  # a second LM as critic
     python algorithms/ppo_gae_agent.py --lora-r 16 --trainable-layers 0   # LoRA adapters on every layer
     python algorithms/ppo_gae_agent.py --device cuda                      # one GPU
+    python algorithms/ppo_gae_agent.py --checkpoint-every 5               # then, after a crash or Ctrl-C:
+    python algorithms/ppo_gae_agent.py --resume runs/<run> [--total-iterations 50]
     torchrun --nproc_per_node 2 algorithms/ppo_gae_agent.py --model tiny  # data parallel (gloo on CPU, NCCL on GPU)
 
 Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
@@ -28,9 +30,8 @@ Where this departs from the paper / seed:
 - GAE runs over agent turns, not tokens: the MDP's steps are the environment's steps, and the turn's
   advantage is given to all of its tokens (`--gae-level token` runs GAE over policy tokens instead, with
   the turn's reward on its last token and gamma applied only between turns).
-- Truncated episodes bootstrap with V(s_T), the value of the final observation, which the rollout never
-  feeds to the model: the record plus that observation goes through a no-grad forward (folded into the
-  V_old pass when the whole model is trained) (`--no-bootstrap-truncated`: truncation is terminal, V = 0).
+- Truncated episodes bootstrap with V(s_T) of the final observation, which the rollout never feeds to the model:
+  one more no-grad forward, folded into the V_old pass when the whole model is trained (`--no-bootstrap-truncated`: V = 0).
 - The KL penalty to the reference is a loss term (k3 estimator, as in GRPO), not a reward-shaping term.
 - pi_old is the behaviour log-prob recorded by the sampler (no extra forward; the trainer/sampler gap is
   logged before the first optimizer step); V_old comes from one no-grad pass before the update.
@@ -57,6 +58,7 @@ import torch.distributed as dist
 import tyro
 
 import envs
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import all_reduce_mean, global_loss_denominator, init_distributed, print0, seed_everything
 from common.models import (adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, load_model,
                            parameter_counts, resolve_device, save_model)
@@ -83,6 +85,11 @@ class Args:
     """environment id (`gridworld`, `workspace`, `babyai-gotolocal`, ...) or `package.module:Factory`"""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """save a checkpoint (trained weights and value head, optimizer, RNG states, counters) every N iterations and at the
+    end; 0: never. Ctrl-C (or SIGTERM) always finishes the iteration and saves one before exiting"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     total_iterations: int = 25
@@ -157,6 +164,8 @@ class Args:
     """episodes per iteration over all processes: num_episodes * world_size"""
 
 
+# the flags --resume lets differ from the saved run (none of them changes what the training samples)
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--num-episodes", "4", "--eval-every", "1", "--eval-episodes", "2"]
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
@@ -182,8 +191,8 @@ def validate_args(args: Args):
         problems.append("--clip-eps must be in (0, 1) and --value-clip >= 0")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
-    if args.max_episode_steps < 0 or args.lora_r < 0:
-        problems.append("--max-episode-steps and --lora-r must be >= 0")
+    if args.max_episode_steps < 0 or args.lora_r < 0 or args.checkpoint_every < 0:
+        problems.append("--max-episode-steps, --lora-r and --checkpoint-every must be >= 0")
     if problems:
         raise SystemExit("ppo_gae_agent.py: " + "; ".join(problems))
 
@@ -195,8 +204,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_value: float, gammas: 
     V(s_T) when the episode was cut short (bootstrap), 0 after a true termination. Returns (A, A + V),
     the second being the lambda-return that is the value target.
     """
-    adv = torch.zeros_like(values)
-    last = 0.0
+    adv, last = torch.zeros_like(values), 0.0
     for k in reversed(range(len(rewards))):
         v_next = next_value if k == len(rewards) - 1 else values[k + 1]
         delta = rewards[k] + gammas[k] * v_next - values[k]
@@ -252,8 +260,7 @@ def units_and_values(model, value_head, trajs, positions, action_mode, temperatu
         handle.remove()
     hidden = captured["h"]
     width = max(1, max(len(p) for p in positions))
-    index = torch.zeros((len(trajs), width), dtype=torch.long)
-    mask = torch.zeros((len(trajs), width))
+    index, mask = torch.zeros((len(trajs), width), dtype=torch.long), torch.zeros((len(trajs), width))
     for i, p in enumerate(positions):
         index[i, : len(p)], mask[i, : len(p)] = torch.tensor(p, dtype=torch.long), 1.0
     index, mask = index.to(hidden.device), mask.to(hidden.device)
@@ -269,9 +276,7 @@ def final_state_values(model, value_head, trajs, tails, micro_batch_size):
     for c in range(0, len(trajs), micro_batch_size):
         seqs = [t.token_ids + tail for t, tail in zip(trajs[c: c + micro_batch_size], tails[c: c + micro_batch_size])]
         lengths = torch.tensor([len(s) for s in seqs])
-        ids = torch.zeros((len(seqs), int(lengths.max())), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
+        ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in seqs], batch_first=True)  # right-padded with 0
         attn = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
         hidden = body(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
         last = hidden[torch.arange(len(seqs), device=device), lengths.to(device) - 1]
@@ -318,18 +323,15 @@ def ppo_loss(logp, old_logp, ref_logp, adv, unit_mask, entropy, values, old_valu
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     steps = sum(t.num_steps for t in trajs)
-    return {
-        "episodic_return": float(np.mean([t.return_ for t in trajs])),
-        "success_rate": float(np.mean([t.success for t in trajs])),
-        "episode_length": float(np.mean([t.num_steps for t in trajs])),
-        "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1),
-    }
+    return {"episodic_return": float(np.mean([t.return_ for t in trajs])),
+            "success_rate": float(np.mean([t.success for t in trajs])),
+            "episode_length": float(np.mean([t.num_steps for t in trajs])),
+            "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1)}
 
 
 def evaluate(engine: RolloutEngine, make_env, env_id: str, num: int, seed: int) -> dict[str, float]:
     """Greedy episodes (temperature 0) on seeds disjoint from training seeds."""
-    sampling = engine.config
-    engine.config = RolloutConfig(**{**vars(sampling), "temperature": 0.0})
+    sampling, engine.config = engine.config, replace(engine.config, temperature=0.0)
     trajs = engine.run([make_env() for _ in range(num)], [(1 << 40) + seed * 1000 + i for i in range(num)], env_id)
     engine.config = sampling
     return episode_metrics(trajs)
@@ -351,12 +353,16 @@ def make_trainable(lm, trainable_layers: int, lora_r: int, lora_alpha: float, ch
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "ppo_gae_agent.py")
     validate_args(args)
     device = resolve_device(args.device)
     rank, _, args.world_size = init_distributed(device)
     args.batch_size = args.num_episodes * args.world_size
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, args.world_size)
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.total_iterations < (done := resumed["counters"]["iteration"]):
+        raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration {done} already")
     env_kwargs = {"max_steps": args.max_episode_steps} if args.max_episode_steps else {}
     make_env = lambda: envs.make(args.env_id, **env_kwargs)  # noqa: E731
     try:
@@ -385,24 +391,22 @@ if __name__ == "__main__":
     ref_model = None  # the frozen initial policy; with LoRA, the policy itself with its adapters switched off
     if args.beta > 0:
         ref_model = model if args.lora_r else load_model(args.model, device, dtype, seed=args.seed)[0].requires_grad_(False)
-    lm_params = [p for p in model.parameters() if p.requires_grad]
-    if critic is not model:
-        lm_params += [p for p in critic.parameters() if p.requires_grad]
+    # everything trained, as one module for the checkpoint (a shared critic is the policy: its parameters count once)
+    trained = torch.nn.ModuleDict({"policy": model, "critic": critic, "value_head": value_head})
+    lm_params = [p for n, p in trained.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
     params = lm_params + list(value_head.parameters())
     if args.world_size > 1:  # start from identical weights on every rank: broadcast, not seeding alone
         for m in {id(x): x for x in (model, critic, ref_model) if x is not None}.values():
             for p in m.parameters():
                 dist.broadcast(p.data, src=0)
-    optimizer = torch.optim.AdamW([{"params": lm_params, "lr": args.learning_rate},
-                                   {"params": list(value_head.parameters()), "lr": args.value_learning_rate}],
-                                  weight_decay=0.0)
+    optimizer = torch.optim.AdamW([{"params": lm_params, "lr": args.learning_rate}, {"params": list(
+        value_head.parameters()), "lr": args.value_learning_rate}], weight_decay=0.0)  # two groups: LM(s), value head
 
-    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=rank == 0)
-    print0(f"run {run_name}: {args.model} on {args.env_id}, {args.action_mode} mode, {args.critic} critic, "
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
+    print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {args.action_mode} mode, {args.critic} critic, "
            f"{args.batch_size} episodes/iteration, {sum(p.numel() for p in params):,} trainable parameters of "
            f"{sum(parameter_counts(m)[1] for m in {id(m): m for m in (model, critic, value_head)}.values()):,}")
-    # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer, the
-    # reference and a separate critic (their lower layers are the same frozen initial weights)
+    # the frozen lower layers' output, computed once by the rollout, is reused by trainer, reference and separate critic
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
     engine = RolloutEngine(model, tokenizer, RolloutConfig(
         action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
@@ -410,45 +414,47 @@ if __name__ == "__main__":
     level = "turn" if args.action_mode == "choice" else args.gae_level  # choice mode: one unit per turn anyway
 
     def all_reduce_grads():
-        if args.world_size > 1:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-                p.grad /= args.world_size
+        for p in params if args.world_size > 1 else ():
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad  # a rank with nothing to train still joins
+            dist.all_reduce(p.grad)
+            p.grad /= args.world_size
 
     def critic_values(sub, pos, trunk_args):
         """V at `pos` only: scored as if free mode (the head runs at the action tokens, no per-candidate tree)."""
         return units_and_values(critic, value_head, sub, pos, "free", 1.0, False, trunk_args)[1]
 
-    episodes_seen, start = 0, time.time()
+    episodes_seen, first_iteration, start = 0, 1, time.time()
+    generators = {"sample": sample_gen, "python": py_rng}
+    if resumed:  # trained weights (value head, critic), optimizer, every RNG, counters: as after the checkpoint's iteration
+        ckpt.restore(resumed, trained, optimizer, generators=generators)
+        episodes_seen, first_iteration = resumed["counters"]["episodes_seen"], resumed["counters"]["iteration"] + 1
+        print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
 
     def run_eval(iteration: int):
         if args.eval_every > 0 and rank == 0:
             with autocast(device):
-                metrics = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed)
-            tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
-            print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
-                   f"| return {metrics['episodic_return']:.2f}")
+                m = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed)
+            tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episodes_seen)
+            print0(f"eval @ iter {iteration} | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f}")
 
-    run_eval(0)
-    for iteration in range(1, args.total_iterations + 1):
+    if not resumed:
+        run_eval(0)
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this iteration, save a checkpoint, exit
+    for iteration in range(first_iteration, args.total_iterations + 1):
         # ---- rollout: one episode per environment seed ----
         t0 = time.time()
         seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_episodes + i for i in range(args.num_episodes)]
         with autocast(device):  # bf16 on CUDA, nothing on CPU
             trajs = engine.run([make_env() for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
                                generator=sample_gen)
-        rollout_s = time.time() - t0
-        episodes_seen += len(trajs) * args.world_size
-        n = len(trajs)
+        rollout_s, n = time.time() - t0, len(trajs)
+        episodes_seen += n * args.world_size
         trunk_inputs = engine.layer_inputs if frozen_below is not None else None
         trunk = lambda c: ([trunk_inputs[i] for i in c], frozen_below) if trunk_inputs else (None, 0)  # noqa: E731
         micro = lambda idx: [idx[i: i + args.micro_batch_size] for i in range(0, len(idx), args.micro_batch_size)]  # noqa: E731
 
         # ---- V_old at every step (and pi_ref) from no-grad passes with the sampler's weights ----
-        t1 = time.time()
-        plans = [episode_steps(t, args.action_mode, level, args.gamma) for t in trajs]
+        t1, plans = time.time(), [episode_steps(t, args.action_mode, level, args.gamma) for t in trajs]
         old_logp, unit_mask = (x.to(device) for x in behavior_units(trajs, args.action_mode))
         old_values = torch.zeros(n, max(1, max(len(p[0]) for p in plans)), device=device)
         ref_logp = torch.zeros_like(old_logp)
@@ -483,8 +489,7 @@ if __name__ == "__main__":
 
         # ---- GAE per episode (turn level by default), spread to the units of each step; whitening ----
         advantages = torch.zeros_like(old_logp)
-        returns = torch.zeros_like(old_values)
-        step_mask = torch.zeros_like(old_values)
+        returns, step_mask = torch.zeros_like(old_values), torch.zeros_like(old_values)
         for i, plan in enumerate(plans):
             k = len(plan[0])
             _, ret, unit_adv = episode_gae(trajs[i], plan, old_values[i, :k].cpu(), float(next_values[i]),
@@ -500,10 +505,8 @@ if __name__ == "__main__":
         explained_var = 1 - float((v_true - v_pred).var(unbiased=False)) / var_true if var_true > 1e-8 else 0.0
 
         # ---- update: epochs x shuffled minibatches x micro-batches ----
-        t2 = time.time()
-        sums, count, grad_norm, mismatch, stepped = {}, 0, 0.0, 0.0, False
-        model.train()
-        critic.train()
+        t2, sums, count, grad_norm, mismatch, stepped = time.time(), {}, 0, 0.0, 0.0, False
+        trained.train()
         for epoch in range(args.update_epochs):
             order = list(range(n))
             py_rng.shuffle(order)
@@ -530,45 +533,31 @@ if __name__ == "__main__":
                                         smask, args.clip_eps, args.value_clip, args.vf_coef, args.ent_coef, args.beta,
                                         num_units, num_steps)
                     loss.backward()
-                    for key, v in st.items():
-                        mb_stats[key] = mb_stats.get(key, 0.0) + v  # each is already divided by the minibatch counts
+                    mb_stats = {k: mb_stats.get(k, 0.0) + v for k, v in st.items()}  # each is already / the minibatch counts
                 all_reduce_grads()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
                 optimizer.step()
                 stepped = True
-                for key, v in mb_stats.items():
-                    sums[key] = sums.get(key, 0.0) + v
+                sums = {k: sums.get(k, 0.0) + v for k, v in mb_stats.items()}
                 count += 1
-        model.eval()
-        critic.eval()
+        trained.eval()
         update_s = time.time() - t2
         stats = {key: v / max(count, 1) for key, v in sums.items()}
 
         # ---- logging ----
-        ep = episode_metrics(trajs)
-        total_tokens = sum(len(t.token_ids) for t in trajs)
         scalars = {
-            **{f"charts/{k}": v for k, v in ep.items()},
-            "losses/policy_loss": stats["policy_loss"],
-            "losses/value_loss": stats["value_loss"],
-            "losses/entropy": stats["entropy"],
-            "losses/kl": stats["kl"],
-            "diagnostics/clip_fraction": stats["clip"],
-            "diagnostics/value_clip_fraction": stats["value_clip"],
-            "diagnostics/approx_kl": stats["approx_kl"],
-            "diagnostics/ratio_mean": stats["ratio"],
-            "diagnostics/advantage_std": raw_adv_std,
-            "diagnostics/explained_variance": explained_var,
+            **{f"charts/{k}": v for k, v in episode_metrics(trajs).items()},
+            **{f"losses/{k}": stats[k] for k in ("policy_loss", "value_loss", "entropy", "kl")},
+            "diagnostics/clip_fraction": stats["clip"], "diagnostics/value_clip_fraction": stats["value_clip"],
+            "diagnostics/approx_kl": stats["approx_kl"], "diagnostics/ratio_mean": stats["ratio"],
+            "diagnostics/advantage_std": raw_adv_std, "diagnostics/explained_variance": explained_var,
             "diagnostics/value_mean": float(v_pred.mean()) if v_pred.numel() else 0.0,
             "diagnostics/return_target_mean": float(v_true.mean()) if v_true.numel() else 0.0,
-            "diagnostics/bootstrap_fraction": len(cut) / n,
-            "diagnostics/logprob_mismatch": mismatch,
+            "diagnostics/bootstrap_fraction": len(cut) / n, "diagnostics/logprob_mismatch": mismatch,
             "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
             "diagnostics/grad_norm": grad_norm,
-            "perf/rollout_s": rollout_s,
-            "perf/value_s": value_s,
-            "perf/update_s": update_s,
-            "perf/rollout_tokens_per_s": total_tokens / rollout_s,
+            "perf/rollout_s": rollout_s, "perf/value_s": value_s, "perf/update_s": update_s,
+            "perf/rollout_tokens_per_s": sum(len(t.token_ids) for t in trajs) / rollout_s,
             "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,
         }
         scalars = all_reduce_mean(scalars)
@@ -583,15 +572,24 @@ if __name__ == "__main__":
                f"update {update_s:.1f})")
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.total_iterations):
             run_eval(iteration)
+        stop = interrupt.should_stop()  # agreed across ranks
+        if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:
+            ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen}, trained, optimizer, generators=generators,
+                      tracker=tracker)
+            print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
 
     if args.save_model and rank == 0:
-        path = os.path.join(args.output_dir, run_name, "model")
-        save_model(model, tokenizer, path)  # with LoRA: only the adapter, and the name of its base
-        torch.save(value_head.state_dict(), os.path.join(args.output_dir, run_name, "value_head.pt"))
+        save_model(model, tokenizer, os.path.join(run_dir, "model"))  # with LoRA: only the adapter, and its base's name
+        torch.save(value_head.state_dict(), os.path.join(run_dir, "value_head.pt"))
         if critic is not model:
-            save_model(critic, tokenizer, os.path.join(args.output_dir, run_name, "critic"))
-        print0(f"model saved to {path}")
-    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+            save_model(critic, tokenizer, os.path.join(run_dir, "critic"))
+        print0(f"model saved to {os.path.join(run_dir, 'model')}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
     if args.world_size > 1:
         dist.destroy_process_group()

@@ -22,6 +22,9 @@ Usage:
     python algorithms/rlef.py --sft-steps 20                       # cold start on reference solutions first
     python algorithms/rlef.py --device cuda --group-size 16 --num-groups 4 --humaneval-tasks 164
     torchrun --nproc_per_node 2 algorithms/rlef.py --model tiny   # data parallel (gloo on CPU, NCCL on GPU)
+    python algorithms/rlef.py --lora-r 16 --trainable-layers 0     # LoRA adapters on every layer, base frozen
+    python algorithms/rlef.py --checkpoint-every 2                 # then, after a crash or Ctrl-C:
+    python algorithms/rlef.py --resume runs/<run> [--total-iterations 12]
 
 The default run has not been timed on an idle machine (on the shared CPU one iteration of 4 episodes took
 ~19 min, decode-bound; see docs/rlef.md, Results).
@@ -64,8 +67,9 @@ import tyro
 
 import envs
 from common.chat import ChatFormat
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import all_reduce_mean, global_loss_denominator, init_distributed, print0, seed_everything
-from common.models import load_model, resolve_device
+from common.models import apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -89,6 +93,11 @@ class Args:
     """training environment: `codegen` or a `package.module:Factory` taking split / level / max_attempts"""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """save a checkpoint (trained weights, optimizer, RNG states, counters, curriculum) every N iterations and at the end;
+    0: never. Ctrl-C (or SIGTERM) always finishes the iteration and saves one before exiting"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     total_iterations: int = 6
@@ -107,6 +116,12 @@ class Args:
     """AdamW learning rate"""
     trainable_layers: int = 6
     """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
+    lora_r: int = 0
+    """LoRA rank (peft) on the trained layers' attention and MLP projections, base frozen; 0: train the weights"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the update is (alpha / r) B A"""
+    gradient_checkpointing: bool = False
+    """recompute layer activations in the backward (less memory, ~30% more compute)"""
     micro_batch_size: int = 4
     """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
     clip_eps: float = 0.2
@@ -163,6 +178,9 @@ class Args:
     """episodes per iteration over all processes: num_groups * group_size * world_size"""
 
 
+# the flags --resume lets differ from the saved run (none of them changes what the training samples)
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_tasks", "humaneval_tasks", "save_model", "resume",
+             "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--max-turn-tokens", "8", "--resample-budget", "1",
                    "--sft-steps", "1", "--sft-batch-size", "2", "--eval-tasks", "1", "--humaneval-tasks", "1",
@@ -182,7 +200,8 @@ def validate_args(args: Args):
                  "curriculum_window", "sft_batch_size", "eval_samples", "eval_k", "eval_attempts"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("resample_budget", "sft_steps", "eval_every", "eval_tasks", "humaneval_tasks", "trainable_layers"):
+    for name in ("checkpoint_every", "lora_r", "resample_budget", "sft_steps", "eval_every", "eval_tasks",
+                 "humaneval_tasks", "trainable_layers"):
         if getattr(args, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
     if args.group_size < 2:
@@ -203,9 +222,7 @@ def validate_args(args: Args):
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of Chen et al. (2021): 1 - C(n-c, k) / C(n, k), from n samples of which c pass."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def advantages(returns: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
@@ -256,7 +273,8 @@ def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None,
         optimizer.zero_grad(set_to_none=False)
         for c in chunks:
             trunk = ([layer_inputs[i] for i in c], from_layer) if layer_inputs else (None, 0)
-            units = policy_logprobs(model, [trajs[i] for i in c], "free", args.temperature, False, *trunk)
+            with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
+                units = policy_logprobs(model, [trajs[i] for i in c], "free", args.temperature, False, *trunk)
             sl = (slice(c.start, c.stop), slice(0, units.logprobs.shape[1]))
             loss, s = clipped_loss(units.logprobs, old_logp[sl], adv[c.start:c.stop], unit_mask[sl], args.clip_eps, num_units)
             loss.backward()
@@ -303,12 +321,9 @@ def scripted_episode(chat: ChatFormat, env, seed: int, actions: list[str]) -> Tr
 
 
 def reference_demonstration(chat: ChatFormat, env, seed: int) -> Trajectory:
-    """Cold-start example: the task's prompt and its reference solution in a ```python block, one attempt.
-
-    The environment is not stepped (no sandbox run): the reference passes by construction.
-    """
-    obs, _ = env.reset(seed=seed)
-    prompt = chat.prompt_ids(env.system_prompt, obs)
+    """Cold-start example: the task's prompt and its reference solution in a ```python block, one attempt
+    (not run in the sandbox: the reference passes by construction)."""
+    prompt = chat.prompt_ids(env.system_prompt, env.reset(seed=seed)[0])
     answer = chat.encode(f"```python\n{env.task.reference}```") + [chat.eos_id]
     return Trajectory(token_ids=prompt + answer, source_mask=[0] * len(prompt) + [1] * len(answer),
                       behavior_logprobs=[0.0] * (len(prompt) + len(answer)), policy_version=0, turns=[], rewards={},
@@ -331,7 +346,8 @@ def evaluate(engine: RolloutEngine, make_env, num_tasks: int, n: int, k: int, te
     sampling = engine.config
     engine.config = RolloutConfig(**{**vars(sampling), "temperature": temperature})
     seeds = [seed_base + task for task in range(num_tasks) for _ in range(n)]
-    trajs = engine.run([make_env() for _ in seeds], seeds, "eval", generator=torch.Generator().manual_seed(seed_base))
+    with autocast(engine.model.device):
+        trajs = engine.run([make_env() for _ in seeds], seeds, "eval", generator=torch.Generator().manual_seed(seed_base))
     engine.config = sampling
     solved = np.array([t.success for t in trajs]).reshape(num_tasks, n).sum(1)
     return {"pass@1": float(np.mean([pass_at_k(n, int(c), 1) for c in solved])),
@@ -340,15 +356,20 @@ def evaluate(engine: RolloutEngine, make_env, num_tasks: int, n: int, k: int, te
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "rlef.py")
     validate_args(args)
     device = resolve_device(args.device)
     rank, _, args.world_size = init_distributed(device)
     args.batch_size = args.num_groups * args.group_size * args.world_size
     if args.update_epochs is None:
         args.update_epochs = 1 if args.advantage == "grpo" else 4
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
-    make_train_env = lambda level: envs.make(args.env_id, split="train", level=level, max_attempts=args.max_attempts)  # noqa: E731
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, args.world_size)
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.total_iterations < resumed["counters"]["iteration"]:
+        raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration "
+                         f"{resumed['counters']['iteration']} already")
+    make_train_env = lambda level: envs.make(args.env_id, split="train", level=level, max_attempts=args.max_attempts)
     try:
         make_train_env(args.level)  # fail fast on a bad --env-id, before loading a model
         if args.humaneval_tasks:
@@ -357,26 +378,33 @@ if __name__ == "__main__":
         raise SystemExit(f"--env-id: {e}")
 
     seed_everything(args.seed, args.torch_deterministic)
-    model, tokenizer = load_model(args.model, device, seed=args.seed)
+    dtype = torch.float32 if args.lora_r == 0 else None  # trained weights in fp32 (bf16 rounds a 1e-5 step away)
+    model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     rank_seed = args.seed + 1000 * rank
     sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
     py_rng = random.Random(rank_seed)
 
     num_layers = len(model.get_decoder().layers)
-    if 0 < args.trainable_layers < num_layers:
+    top = 0 < args.trainable_layers < num_layers
+    if args.lora_r > 0:  # adapters on the trained layers (all if 0); every base weight frozen
+        model = apply_lora(model, args.lora_r, args.lora_alpha,
+                           layers=range(num_layers - args.trainable_layers, num_layers) if top else None)
+    elif top:
         model.requires_grad_(False)
         for layer in model.get_decoder().layers[-args.trainable_layers:]:
             layer.requires_grad_(True)
         model.get_decoder().norm.requires_grad_(True)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     params = [p for p in model.parameters() if p.requires_grad]
     if args.world_size > 1:  # start from identical weights on every rank
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
 
-    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=rank == 0)
-    print0(f"run {run_name}: {args.model} on {args.env_id}, {args.advantage}, {args.batch_size} episodes/iteration")
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
+    print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {args.advantage}, {args.batch_size} episodes/iteration")
     # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer
-    frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
+    frozen_below = num_layers - args.trainable_layers if top else None
     engine = RolloutEngine(model, tokenizer, RolloutConfig(
         action_mode="free", temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
         max_total_tokens=args.max_total_tokens), record_layer_inputs=frozen_below)
@@ -390,14 +418,15 @@ if __name__ == "__main__":
                 p.grad /= args.world_size
 
     # ---- cold start: SFT on reference solutions of training tasks (never the test split) ----
-    if args.sft_steps > 0:
+    if args.sft_steps > 0 and not resumed:  # a checkpoint's weights already went through it
         demo_env = make_train_env(args.level)
         sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate, weight_decay=0.0)
         model.train()
         for step in range(1, args.sft_steps + 1):
             demos = [reference_demonstration(engine.chat, demo_env, py_rng.randrange(1 << 30))
                      for _ in range(args.sft_batch_size)]
-            units = policy_logprobs(model, demos, "free")
+            with autocast(device):
+                units = policy_logprobs(model, demos, "free")
             sft_loss = -(units.logprobs * units.mask).sum() / units.mask.sum()
             sft_opt.zero_grad()
             sft_loss.backward()
@@ -410,14 +439,20 @@ if __name__ == "__main__":
         model.eval()
 
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
-    episodes_seen, start, level = 0, time.time(), args.level
+    episodes_seen, task_counter, level, first_iteration, start = 0, 0, args.level, 1, time.time()
     solved_window: deque[float] = deque(maxlen=args.curriculum_window)
+    generators = {"sample": sample_gen, "python": py_rng}
+    if resumed:  # weights, optimizer, every RNG, the counters and the curriculum, as after the checkpoint's iteration
+        ckpt.restore(resumed, model, optimizer, generators=generators)
+        episodes_seen, task_counter = resumed["counters"]["episodes_seen"], resumed["counters"]["task_counter"]
+        first_iteration, level = resumed["counters"]["iteration"] + 1, resumed["extra"]["level"]
+        solved_window = deque(resumed["extra"]["solved_window"], maxlen=args.curriculum_window)
+        print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes, level {level})")
 
     def run_eval(iteration: int):
-        if rank != 0:
+        if rank != 0:  # one process evaluates
             return
-        t0, metrics = time.time(), {}
-        eval_level = args.eval_level or None
+        t0, metrics, eval_level = time.time(), {}, args.eval_level or None
         if args.eval_tasks:
             m = evaluate(engine, lambda: envs.make("codegen", split="test", level=eval_level, max_attempts=args.eval_attempts),
                          args.eval_tasks, args.eval_samples, args.eval_k, args.eval_temperature, 1 << 40)
@@ -431,9 +466,10 @@ if __name__ == "__main__":
         print0(f"eval @ iter {iteration} | " + " | ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items()
                                                           if k.startswith("eval/")) + f" | {metrics['perf/eval_s']:.0f}s")
 
-    run_eval(0)
-    task_counter = 0
-    for iteration in range(1, args.total_iterations + 1):
+    if not resumed:
+        run_eval(0)
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this iteration, save a checkpoint, exit
+    for iteration in range(first_iteration, args.total_iterations + 1):
         # ---- rollout with solvability filtering: G attempts per task; a group whose returns have zero
         # variance (all solved, or all equally failed) is dropped and, budget permitting, its task replaced ----
         t0 = time.time()
@@ -441,13 +477,13 @@ if __name__ == "__main__":
         filtered_solved = filtered_unsolved = groups_sampled = sandbox_errors = 0
         wanted = args.num_groups
         while wanted > 0:
-            task_seeds = []
-            for _ in range(wanted):  # task seeds are unique per (seed, rank, draw): never the eval seeds
-                task_seeds.append((args.seed * 1000 + rank) * 1_000_000 + task_counter)
-                task_counter += 1
+            # task seeds are unique per (seed, rank, draw): never the eval seeds
+            task_seeds = [(args.seed * 1000 + rank) * 1_000_000 + task_counter + j for j in range(wanted)]
+            task_counter += wanted
             seeds = [s for s in task_seeds for _ in range(args.group_size)]
-            trajs = engine.run([make_train_env(level) for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
-                               generator=sample_gen)
+            with autocast(device):
+                trajs = engine.run([make_train_env(level) for _ in seeds], seeds, args.env_id,
+                                   policy_version=iteration - 1, generator=sample_gen)
             all_trajs += trajs
             groups_sampled += wanted
             for g in range(wanted):
@@ -526,26 +562,34 @@ if __name__ == "__main__":
         tracker.scalars(scalars, episodes_seen)
         if iteration == 1 or iteration % 10 == 0:
             tracker.trajectories(all_trajs, episodes_seen)
-        print0(f"iter {iteration}/{args.total_iterations} | level {level} | episodes {episodes_seen} "
-               f"| pass {scalars['charts/pass_fraction']:.2f} | solved {scalars['charts/success_rate']:.2f} "
-               f"| invalid {scalars['charts/invalid_action_rate']:.2f} | filtered "
-               f"{scalars['diagnostics/zero_variance_groups']:.2f} | loss {stats['policy_loss']:+.4f} "
-               f"| {rollout_s + update_s:.1f}s (decode {rollout_s - sandbox_s:.1f}, sandbox {sandbox_s:.1f}, "
-               f"update {update_s:.1f})")
+        print0(f"iter {iteration}/{args.total_iterations} | level {level} | episodes {episodes_seen} | pass "
+               f"{scalars['charts/pass_fraction']:.2f} | solved {scalars['charts/success_rate']:.2f} | invalid "
+               f"{scalars['charts/invalid_action_rate']:.2f} | filtered {scalars['diagnostics/zero_variance_groups']:.2f} "
+               f"| loss {stats['policy_loss']:+.4f} | {rollout_s + update_s:.1f}s (decode {rollout_s - sandbox_s:.1f}, "
+               f"sandbox {sandbox_s:.1f}, update {update_s:.1f})")
         if promoted:
             level += 1
             solved_window.clear()
             print0(f"curriculum: solve rate reached {args.promote_threshold}, moving to level {level}")
         if args.eval_every > 0 and iteration % args.eval_every == 0 and iteration != args.total_iterations:
             run_eval(iteration)
+        stop = interrupt.should_stop()  # agreed across ranks
+        if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:
+            ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen, "task_counter": task_counter}, model, optimizer,
+                      generators=generators, tracker=tracker, extra={"level": level, "solved_window": list(solved_window)})
+            print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
     run_eval(args.total_iterations)
 
     if args.save_model and rank == 0:
-        path = os.path.join(args.output_dir, run_name, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        path = os.path.join(run_dir, "model")
+        save_model(model, tokenizer, path)  # with LoRA: the adapter only
         print0(f"model saved to {path}")
-    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
     if args.world_size > 1:
         dist.destroy_process_group()

@@ -275,3 +275,75 @@ def test_torchrun_resume_logs_the_same_numbers(tmp_path):
     for tag in (t for t in reference if not wall_clock(t)):
         assert [s for s, _ in resumed[tag]] == [s for s, _ in reference[tag]], tag
         assert np.allclose([v for _, v in resumed[tag]], [v for _, v in reference[tag]], rtol=0, atol=1e-6), tag
+
+
+def test_ppo_gae_resumed_run_logs_the_same_numbers(tmp_path):
+    """algorithms/ppo_gae_agent.py: 1 iteration + checkpoint + resume to 3 = 3 uninterrupted. A separate critic
+    on a frozen lower layer: the policy's and the critic's top layers, the value head (none of them in the same
+    module) and both AdamW param groups must all come back, with the sampling and shuffling generators."""
+    ppo = ROOT / "algorithms" / "ppo_gae_agent.py"
+    flags = ["--model", "tiny", "--num-episodes", "4", "--eval-every", "1", "--eval-episodes", "1", "--learning-rate",
+             "1e-2", "--critic", "separate", "--trainable-layers", "1", "--max-episode-steps", "6", "--update-epochs", "1"]
+    run_grpo(tmp_path, *flags, "--total-iterations", "3", "--output-dir", str(tmp_path / "a"), script=ppo)
+    run_grpo(tmp_path, *flags, "--total-iterations", "1", "--checkpoint-every", "1", "--output-dir",
+             str(tmp_path / "b"), script=ppo)
+    run_dir = only_run_dir(tmp_path / "b")
+    out = run_grpo(tmp_path, "--resume", str(run_dir), "--total-iterations", "3", script=ppo).stdout
+    assert f"resumed from {run_dir} at iteration 1" in out and "iter 2/3" in out and "iter 1/" not in out
+    state = ck.load_checkpoint(run_dir)
+    assert state["counters"] == {"iteration": 3, "episodes_seen": 12}
+    names = set(state["model"])
+    assert {"value_head.weight", "value_head.bias"} <= names and any(n.startswith("critic.") for n in names)
+    assert state["model"]["value_head.weight"].abs().sum() > 0  # zero-initialised: it trained
+    assert len(state["optimizer"]["param_groups"]) == 2 and state["optimizer"]["state"]
+    resumed, reference = read_scalars(run_dir), read_scalars(only_run_dir(tmp_path / "a"))
+    assert set(resumed) == set(reference) and len(reference["charts/success_rate"]) == 3
+    assert min(v for _, v in reference["diagnostics/approx_kl"]) > 0  # the policy moved within every update
+    for tag in (t for t in reference if not wall_clock(t)):
+        assert [s for s, _ in resumed[tag]] == [s for s, _ in reference[tag]], tag
+        assert np.allclose([v for _, v in resumed[tag]], [v for _, v in reference[tag]], rtol=0, atol=1e-6), tag
+
+
+# rlef: a codegen environment whose extra reward a random `tiny` model earns (a checksum of the action's bytes, in
+# tenths), so every group has reward variance and every iteration updates the weights; imported via PYTHONPATH
+SHAPED_CODEGEN = '''
+from envs.codegen import CodegenEnv
+
+
+class ShapedCodegen(CodegenEnv):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward + sum(map(ord, str(action))) % 10 / 10, terminated, truncated, info
+'''
+
+
+def test_rlef_resumed_run_logs_the_same_numbers(tmp_path):
+    """algorithms/rlef.py: 1 iteration + resume = 3 uninterrupted. The curriculum window (6 episodes, 4 per
+    iteration) spans the checkpoint, so the level only matches if the window was restored; the SFT cold start
+    runs before iteration 1 only, not again on resume."""
+    import os
+
+    (tmp_path / "shaped_codegen.py").write_text(SHAPED_CODEGEN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+
+    def rlef(*flags):
+        proc = subprocess.run([sys.executable, str(ROOT / "algorithms" / "rlef.py"), *flags], capture_output=True,
+                              text=True, timeout=600, cwd=tmp_path, env=env, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    flags = ["--model", "tiny", "--env-id", "shaped_codegen:ShapedCodegen", "--group-size", "4", "--max-turn-tokens",
+             "8", "--sft-steps", "2", "--sft-batch-size", "2", "--learning-rate", "1e-2", "--promote-threshold", "0",
+             "--curriculum-window", "6", "--eval-tasks", "0", "--humaneval-tasks", "0"]
+    rlef(*flags, "--total-iterations", "3", "--output-dir", str(tmp_path / "a"))
+    rlef(*flags, "--total-iterations", "1", "--checkpoint-every", "1", "--output-dir", str(tmp_path / "b"))
+    run_dir = only_run_dir(tmp_path / "b")
+    out = rlef("--resume", str(run_dir), "--total-iterations", "3")
+    assert "resumed from" in out and "iter 2/3" in out and "iter 1/" not in out and "sft " not in out
+    resumed, reference = read_scalars(run_dir), read_scalars(only_run_dir(tmp_path / "a"))
+    assert set(resumed) == set(reference)
+    assert [v for _, v in reference["charts/curriculum_level"]] == [1.0, 1.0, 2.0]  # promoted once the window filled
+    assert all(v > 0 for _, v in reference["diagnostics/grad_norm"]) and len(reference["losses/sft_loss"]) == 2
+    for tag in (t for t in reference if not wall_clock(t)):
+        assert [s for s, _ in resumed[tag]] == [s for s, _ in reference[tag]], tag
+        assert np.allclose([v for _, v in resumed[tag]], [v for _, v in reference[tag]], rtol=0, atol=1e-6), tag

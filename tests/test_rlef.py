@@ -237,3 +237,19 @@ def test_tiny_run_completes_with_ppo_curriculum_and_filtering(tmp_path):
     assert [v for _, v in scalars["charts/invalid_action_rate"]] == [1.0, 1.0]
     assert [v for _, v in scalars["eval/pass@1"]] == [0.0, 0.0]  # before and after training
     assert "moving to level 2" in proc.stdout
+
+
+def test_lora_run_saves_an_adapter_that_load_model_loads(tmp_path):
+    from common.models import load_model
+
+    cmd = [sys.executable, str(ROOT / "algorithms" / "rlef.py"), "--model", "tiny", "--output-dir", str(tmp_path),
+           "--lora-r", "4", "--save-model", "--total-iterations", "1", "--group-size", "2", "--max-turn-tokens", "6",
+           "--sft-steps", "1", "--sft-batch-size", "2", "--eval-tasks", "0", "--humaneval-tasks", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    saved = run_dir / "model"
+    assert (saved / "adapter_config.json").exists() and not (saved / "model.safetensors").exists()  # adapter only
+    model, _ = load_model(str(saved))
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # B starts at 0: the cold start trained the adapter
