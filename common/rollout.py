@@ -70,49 +70,40 @@ def _lm_parts(model):
 def score_candidates(model, cache, attention_mask, last_logits, candidates: list[list[int]], token_norm: bool):
     """Joint log-prob of each candidate continuation after the cached prefix, for every row.
 
-    `last_logits` [n, V] are the logits at the prefix's last position; multi-token candidates need one
-    extra forward of all rows x candidates on a copy of the cache. Returns scores [n, K] (with grad if the
-    inputs carry it).
+    `last_logits` [n, V] are the logits at the prefix's last position. Each multi-token candidate needs one
+    forward of its tokens 1..m-1 for all rows on top of the cache, which is cropped back to the prefix
+    afterwards: the cache is never copied (repeating it once per candidate would need k times the cache's
+    memory, tens of GB for 25 long episodes with 6 actions). Returns scores [n, K] (with grad if the inputs
+    carry it); the cache is left as it was.
     """
     first_logp = F.log_softmax(last_logits.float(), -1)
     first = torch.tensor([c[0] for c in candidates], device=last_logits.device)
     scores = first_logp[:, first]  # [n, K]
     lengths = torch.tensor([len(c) for c in candidates], device=last_logits.device, dtype=scores.dtype)
-    longest = int(lengths.max())
-    if longest > 1:
-        n, k = scores.shape
-        body, head = _lm_parts(model)
-        # feed tokens 1..m-1 of each candidate (right-padded) to get the log-probs of tokens 2..m
-        feed = torch.zeros((n * k, longest - 1), dtype=torch.long, device=last_logits.device)
-        feed_mask = torch.zeros_like(feed)
-        targets = torch.zeros_like(feed)
-        for j, cand in enumerate(candidates):
-            feed[j::k, : len(cand) - 1] = torch.tensor(cand[:-1], device=feed.device)
-            targets[j::k, : len(cand) - 1] = torch.tensor(cand[1:], device=feed.device)
-            feed_mask[j::k, : len(cand) - 1] = 1
-        branch = _repeat_cache(cache, k)
-        attn = torch.cat([attention_mask.repeat_interleave(k, 0), feed_mask], 1)
-        pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -(longest - 1):]
-        hidden = body(input_ids=feed, attention_mask=attn, position_ids=pos, past_key_values=branch,
-                      use_cache=True).last_hidden_state
+    body, head = _lm_parts(model)
+    extra = torch.zeros_like(scores)
+    for j, cand in enumerate(candidates):
+        if len(cand) == 1:
+            continue
+        # feed tokens 1..m-1 to get the log-probs of tokens 2..m
+        n, m = scores.shape[0], len(cand) - 1
+        feed = torch.tensor(cand[:-1], device=last_logits.device).expand(n, m)
+        targets = torch.tensor(cand[1:], device=last_logits.device).expand(n, m)
+        attn = torch.cat([attention_mask, attention_mask.new_ones((n, m))], 1)
+        pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -m:]
+        prefix = cache.get_seq_length()
+        try:
+            hidden = body(input_ids=feed, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                          use_cache=True).last_hidden_state
+        finally:
+            if cache.get_seq_length() > prefix:  # back to the prefix, for the next candidate and for the caller
+                cache.crop(prefix - cache.get_seq_length())
         logp = F.log_softmax(head(hidden).float(), -1).gather(-1, targets[..., None]).squeeze(-1)
-        scores = scores + (logp * feed_mask).sum(-1).view(n, k)
+        extra = extra.index_add(1, torch.tensor([j], device=extra.device), logp.sum(-1, keepdim=True))
+    scores = scores + extra
     if token_norm:
         scores = scores / lengths
     return scores
-
-
-def _repeat_cache(cache, k: int):
-    """A new cache with every row repeated k times (row i -> rows i*k .. i*k+k-1); the original is untouched.
-
-    Built from the tensors rather than deep-copied so it also works inside the autograd graph (trainer).
-    """
-    from transformers import DynamicCache
-
-    branch = DynamicCache()
-    for layer_idx, layer in enumerate(cache.layers):
-        branch.update(layer.keys.repeat_interleave(k, 0), layer.values.repeat_interleave(k, 0), layer_idx)
-    return branch
 
 
 class _Episode:

@@ -217,3 +217,24 @@ def test_parallel_step_envs_are_stepped_concurrently_with_identical_records(tiny
     assert records[parallel][:2] == records[False][:2]  # threads change the timing, never the episodes
     # 4 threads each wait 50 ms per step: at least two overlap (all four unless the machine stalls a thread)
     assert (records[parallel][2] >= 2) if parallel else (records[parallel][2] == 1)
+
+
+def test_scoring_candidates_leaves_the_cache_as_it_was(tiny):
+    from transformers import DynamicCache
+
+    from common.rollout import score_candidates
+
+    model, tok = tiny
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    cache = DynamicCache()
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    keys_before = [layer.keys.clone() for layer in cache.layers]
+    candidates = [[20], [21, 22, 23], [24, 25]]  # single- and multi-token continuations
+    first = score_candidates(model, cache, torch.ones_like(ids), out.logits[:, -1], candidates, token_norm=False)
+    again = score_candidates(model, cache, torch.ones_like(ids), out.logits[:, -1], candidates, token_norm=False)
+    assert torch.equal(first, again) and cache.get_seq_length() == 4
+    assert all(torch.equal(layer.keys, before) for layer, before in zip(cache.layers, keys_before))
+    with torch.no_grad():  # the joint log-prob of [21, 22, 23], from a plain forward of the whole sequence
+        logp = F.log_softmax(model(input_ids=torch.cat([ids, torch.tensor([[21, 22, 23]] * 2)], 1)).logits, -1)
+    direct = logp[:, 3, 21] + logp[:, 4, 22] + logp[:, 5, 23]
+    torch.testing.assert_close(first[:, 1], direct, atol=1e-5, rtol=1e-5)
