@@ -49,11 +49,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import print0, seed_everything
-from common.models import load_model, resolve_device
+from common.distributed import (all_reduce_mean, all_reduce_sum, global_loss_denominator, init_distributed, print0,
+                                rank_param_divergence, seed_everything)
+from common.models import apply_lora, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -120,6 +122,10 @@ class Args:
     """AdamW learning rate of the SFT (a fresh optimizer every outer iteration)"""
     trainable_layers: int = 6
     """fine-tune only the top N transformer layers and the final norm (0, or at least the layer count: all)"""
+    lora_r: int = 0
+    """LoRA rank (peft) on the fine-tuned layers' projections, base frozen; 0: fine-tune the weights"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the update is (alpha / r) B A"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
 
@@ -143,7 +149,7 @@ def validate_args(args: Args):
     for name in ("outer_iterations", "num_problems", "max_new_tokens", "sft_batch_size", "micro_batch_size"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("eval_problems", "num_shots", "sft_steps", "trainable_layers", "env_level", "checkpoint_every"):
+    for name in ("eval_problems", "num_shots", "sft_steps", "trainable_layers", "env_level", "checkpoint_every", "lora_r"):
         if getattr(args, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
     if args.sft_steps_growth <= 0:
@@ -238,7 +244,7 @@ def sft_loss(model, batch: list[Trajectory], num_tokens: int) -> torch.Tensor:
     """Eq. 12.5: -sum log pi(z, y | x) over the rationale tokens, divided by the step's rationale-token count
     `num_tokens` (so micro-batches add up to the full step's token mean)."""
     units = policy_logprobs(model, batch, "free")
-    return -(units.logprobs * units.mask).sum() / max(num_tokens, 1)
+    return -(units.logprobs * units.mask).sum() / max(num_tokens, 1e-8)
 
 
 def solve_stats(trajs: list[Trajectory]) -> dict[str, float]:
@@ -249,24 +255,31 @@ def solve_stats(trajs: list[Trajectory]) -> dict[str, float]:
             "episode_length": float(np.mean([t.num_policy_tokens for t in trajs])) if trajs else 0.0}
 
 
-def train_parameters(model, trainable_layers: int) -> list[torch.nn.Parameter]:
+def train_parameters(model, trainable_layers: int, lora_r: int = 0, lora_alpha: float = 16.0):
+    """(model, its trained parameters): the top layers, or LoRA adapters on them (the model is then wrapped)."""
     layers = model.get_decoder().layers
-    if 0 < trainable_layers < len(layers):
+    top = 0 < trainable_layers < len(layers)
+    if lora_r > 0:
+        model = apply_lora(model, lora_r, lora_alpha, layers=range(len(layers) - trainable_layers, len(layers)) if top else None)
+    elif top:
         model.requires_grad_(False)
         for layer in layers[-trainable_layers:]:
             layer.requires_grad_(True)
         model.get_decoder().norm.requires_grad_(True)
     else:
         model.requires_grad_(True)
-    return [p for p in model.parameters() if p.requires_grad]
+    return model, [p for p in model.parameters() if p.requires_grad]
 
 
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "star.py")
     validate_args(args)
     device = resolve_device(args.device)
+    rank, _, world = init_distributed(device)  # torchrun: each rank generates for its share of the problems
+    if args.num_problems % world or args.eval_problems % world:
+        raise SystemExit(f"star.py: --num-problems and --eval-problems must be divisible by the {world} processes")
     run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
-    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, world)
     resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
     if resumed and args.outer_iterations < resumed["counters"]["iteration"]:
         raise SystemExit(f"--outer-iterations {args.outer_iterations}: the checkpoint is at iteration "
@@ -281,12 +294,15 @@ if __name__ == "__main__":
         raise SystemExit(f"--env-id: {e}")
 
     seed_everything(args.seed, args.torch_deterministic)
-    model, tokenizer = load_model(args.model, device, seed=args.seed)
-    params = train_parameters(model, args.trainable_layers)
+    model, tokenizer = load_model(args.model, device, torch.float32 if args.lora_r == 0 else None, seed=args.seed)
+    model, params = train_parameters(model, args.trainable_layers, args.lora_r, args.lora_alpha)
+    if world > 1:  # identical weights on every rank (LoRA's initialisation draws random numbers)
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
     # the base model M_0, restored before each outer iteration's SFT (only what SFT changes needs keeping)
     base_state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    sample_gen = torch.Generator(device=device).manual_seed(args.seed)
-    py_rng = random.Random(args.seed)
+    sample_gen = torch.Generator(device=device).manual_seed(args.seed + 1000 * rank)
+    py_rng = random.Random(args.seed + 1000 * rank)
 
     engine = RolloutEngine(model, tokenizer, RolloutConfig(action_mode="free", temperature=args.temperature,
                                                            top_p=args.top_p, max_turn_tokens=args.max_new_tokens))
@@ -297,10 +313,10 @@ if __name__ == "__main__":
         hint_shots = few_shot_prompt(make_env(args), args.num_shots, chat, hint=True)[1]
     greedy = RolloutConfig(**{**vars(engine.config), "temperature": 0.0})
     # D: a fixed training set (train split), and held-out problems (test split), identified by their seeds
-    train_seeds = [args.seed * 1_000_003 + i for i in range(args.num_problems)]
-    eval_seeds = [(1 << 40) + args.seed * 1_000_003 + i for i in range(args.eval_problems)]
+    train_seeds = [args.seed * 1_000_003 + i for i in range(args.num_problems)][rank::world]  # this rank's share
+    eval_seeds = [(1 << 40) + args.seed * 1_000_003 + i for i in range(args.eval_problems)][rank::world]
 
-    tracker = Tracker(run_dir, vars(args), enabled=True, resume_state=resumed and resumed["tracker"])
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
     print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id} (level {args.env_level or 'default'}), "
            f"{args.num_problems} training / {args.eval_problems} held-out problems, {args.outer_iterations} iterations")
     start = time.time()
@@ -319,7 +335,7 @@ if __name__ == "__main__":
         if not args.eval_problems:
             return
         trajs, seconds, _ = run(eval_seeds, split="test", config=greedy)
-        stats = solve_stats(trajs)
+        stats = all_reduce_mean(solve_stats(trajs))  # equal shares: the mean of the ranks' rates
         tracker.scalars({"eval/success_rate": stats["success_rate"], "eval/invalid_action_rate":
                          stats["invalid_action_rate"], "perf/eval_s": seconds}, step)
         print0(f"eval @ iter {step} | held-out solve rate {stats['success_rate']:.3f} "
@@ -369,7 +385,8 @@ if __name__ == "__main__":
                 for n, p in model.named_parameters():
                     if n in base_state:
                         p.copy_(base_state[n])
-        steps = round(sft_steps) if examples else 0
+        total_examples = all_reduce_sum({"n": len(examples)})["n"]  # every rank steps if any rank kept one
+        steps = round(sft_steps) if total_examples else 0
         sft_steps *= args.sft_steps_growth
         losses = []
         if steps:
@@ -382,13 +399,20 @@ if __name__ == "__main__":
                     if not order:
                         order = py_rng.sample(range(len(examples)), len(examples))
                     batch.append(examples[order.pop()])
-                num_tokens = sum(e.num_policy_tokens for e in batch)
-                optimizer.zero_grad()
+                # torchrun: the global token count / world, so averaged gradients = one process on every rank's batch
+                num_tokens = global_loss_denominator(sum(e.num_policy_tokens for e in batch))
+                optimizer.zero_grad(set_to_none=False)
                 total = 0.0
                 for i in range(0, len(batch), args.micro_batch_size):
                     loss = sft_loss(model, batch[i: i + args.micro_batch_size], num_tokens)
                     loss.backward()
                     total += loss.item()
+                if world > 1:  # a rank without examples adds zero gradients; all ranks take the same step
+                    for p in params:
+                        p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+                        dist.all_reduce(p.grad)
+                        p.grad /= world
+                    total = all_reduce_sum({"loss": total})["loss"] / world
                 torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
                 losses.append(total)
@@ -396,14 +420,17 @@ if __name__ == "__main__":
         sft_s = time.time() - t1
 
         # ---- logging: p_{k-1} on D (sampled, before this iteration's SFT), what was kept, the SFT ----
-        stats = solve_stats(direct)
-        n = len(direct)
+        stats = all_reduce_mean(solve_stats(direct))
+        n = args.num_problems
+        counts = all_reduce_sum({"direct": kept_direct, "rationalized": kept_rationalized, "failed": len(failed),
+                                 "leak": drops["leak"], "cut": drops["cut"]})  # over all ranks' problems
+        kept_direct, kept_rationalized, drops = int(counts["direct"]), int(counts["rationalized"]), counts
         scalars = {
             **{f"charts/{k}": v for k, v in stats.items()},
             "charts/kept_direct": kept_direct,
             "charts/kept_rationalized": kept_rationalized,
-            "charts/rationalization_rate": kept_rationalized / max(len(failed), 1),
-            "charts/train_set_size": len(examples),
+            "charts/rationalization_rate": kept_rationalized / max(counts["failed"], 1),
+            "charts/train_set_size": total_examples,
             "losses/sft_loss": float(np.mean(losses)) if losses else 0.0,
             "losses/sft_loss_first": losses[0] if losses else 0.0,
             "losses/sft_loss_last": losses[-1] if losses else 0.0,
@@ -415,10 +442,12 @@ if __name__ == "__main__":
             "perf/sft_s": sft_s,
             "perf/rollout_tokens_per_s": tok_s,
         }
+        if world > 1:  # every rank took the same averaged steps: their weights must agree exactly
+            scalars["diagnostics/rank_param_divergence"] = rank_param_divergence(params)
         tracker.scalars(scalars, iteration)
         tracker.trajectories(direct[:1] + hinted[:1], iteration)
         print0(f"iter {iteration}/{args.outer_iterations} | train solve rate {stats['success_rate']:.3f} ({n} problems) "
-               f"| kept {kept_direct} direct + {kept_rationalized} rationalised of {len(failed)} failures "
+               f"| kept {kept_direct} direct + {kept_rationalized} rationalised of {int(counts['failed'])} failures "
                f"| sft {steps} steps, loss {scalars['losses/sft_loss']:.3f} -> {scalars['losses/sft_loss_last']:.3f} "
                f"| {generate_s + rationalize_s + sft_s:.0f}s (generate {generate_s:.0f}, rationalise "
                f"{rationalize_s:.0f}, sft {sft_s:.0f})")
@@ -434,10 +463,11 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
-    if args.save_model:
+    if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        save_model(model, tokenizer, path)  # with LoRA: the adapter only
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
+    if world > 1:
+        dist.destroy_process_group()

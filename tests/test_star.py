@@ -181,3 +181,33 @@ def test_few_shot_prompt_uses_the_envs_reference_rationales(tiny, env_id):
     assert ids[-len(chat.encode(chat.after_user)):] == chat.encode(chat.after_user)  # the model answers the last turn
     # turns closed by the end-of-turn token: the system message, 2 x (exemplar question, exemplar answer), the problem
     assert ids.count(chat.eos_id) == 1 + 2 * 2 + 1
+
+
+def test_torchrun_two_ranks_share_the_problems_and_stay_in_sync(tmp_path):
+    """2 gloo ranks: each samples half of the problems, the counts add up over ranks, and the SFT steps
+    (averaged gradients, global token mean) leave both ranks with identical weights."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+           str(ROOT / "algorithms" / "star.py"), "--model", "tiny", "--output-dir", str(tmp_path),
+           *star.SMOKE_TEST_ARGS, "--num-problems", "8", "--learning-rate", "1e-3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]  # rank 0 alone writes
+    s = {tag: [v for _, v in values] for tag, values in read_scalars(run_dir).items()}
+    for k in range(2):
+        assert s["charts/kept_direct"][k] == round(s["charts/success_rate"][k] * 8)  # both ranks' 4 problems
+    assert s["diagnostics/rank_param_divergence"] == [0.0, 0.0]
+    assert sum(s["losses/sft_loss"]) > 0 and proc.stdout.count("iter 2/2") == 1
+
+
+def test_lora_saves_only_the_adapter(tmp_path):
+    from common.models import load_model
+
+    cmd = [sys.executable, str(ROOT / "algorithms" / "star.py"), "--model", "tiny", "--output-dir", str(tmp_path),
+           *star.SMOKE_TEST_ARGS, "--lora-r", "4", "--trainable-layers", "0", "--learning-rate", "1e-2", "--save-model"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    saved = run_dir / "model"
+    assert (saved / "adapter_config.json").exists() and not (saved / "model.safetensors").exists()
+    trained, _ = load_model(str(saved), "cpu")
+    assert any(p.abs().sum() > 0 for n, p in trained.named_parameters() if "lora_B" in n)  # the adapter was trained
