@@ -28,8 +28,11 @@ Usage:
     python algorithms/decision_transformer.py --dataset datasets/gridworld_suboptimal.jsonl
     python algorithms/decision_transformer.py --trainable-layers 0           # train the whole model
     python algorithms/decision_transformer.py --device cuda                  # one GPU
+    python algorithms/decision_transformer.py --lora-r 8 --save-model       # LoRA adapters; saves the adapter only
+    python algorithms/decision_transformer.py --checkpoint-every 50          # then, after a crash or Ctrl-C:
+    python algorithms/decision_transformer.py --resume runs/<run> [--train-steps 400]
 
-Copying this file out: it needs `common/` (models, records, rollout, tracking, distributed, offline) and
+Copying this file out: it needs `common/` (models, records, rollout, tracking, distributed, offline, checkpoint) and
 `envs/` for the built-in environments (or any `package.module:Factory` with `action_names` as --env-id).
 
 Where this departs from the paper / seed:
@@ -40,6 +43,8 @@ Where this departs from the paper / seed:
 - Actions are discrete names scored in choice mode (argmax), not regressed or sampled.
 - One process (no torchrun path): the datasets are small. The LM head is applied only where an action token
   is predicted (the loss is the same; a test holds it).
+- The return-to-go is text, not a separate embedding: every trained weight is in the LM, so a checkpoint
+  (`--checkpoint-every`, `--resume`) and `--save-model` (the adapter only with `--lora-r`) hold just the LM's.
 """
 
 from __future__ import annotations
@@ -60,8 +65,9 @@ import torch.nn.functional as F
 import tyro
 
 import envs
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import print0, seed_everything
-from common.models import load_model, resolve_device
+from common.models import apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import score_candidates
 from common.tracking import Tracker, make_run_name
@@ -78,13 +84,18 @@ class Args:
     device: str = "cpu"
     """`cpu`, `cuda`, `cuda:N` or `auto`"""
     save_model: bool = False
-    """save the final model (Hugging Face format) to `runs/{run_name}/model`"""
+    """save the final model (Hugging Face format; with --lora-r the adapter only) to `runs/{run_name}/model`"""
     model: str = "smollm2-135m"
     """`tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
     env_id: str = "gridworld"
     """environment id (needs `action_names`: `gridworld`, `gridworld-procedural`, `frozenlake`, ...) or `package.module:Factory`"""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """save a checkpoint (trained weights, optimizer, RNG states, step) every N training steps and at the end; 0: never.
+    Ctrl-C (or SIGTERM) always finishes the step and saves one before exiting"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     dataset: str = ""
@@ -107,6 +118,12 @@ class Args:
     """AdamW weight decay (the paper uses 1e-4)"""
     trainable_layers: int = 6
     """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
+    lora_r: int = 0
+    """LoRA rank (peft) on the trained layers' attention and MLP projections, base frozen; 0: train the weights"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the update is (alpha / r) B A"""
+    gradient_checkpointing: bool = False
+    """recompute layer activations in the backward (less memory, ~30% more compute)"""
     max_grad_norm: float = 0.25
     """gradient clipping (the paper uses 0.25)"""
     rtg_scale: float = 1.0
@@ -137,6 +154,8 @@ LOGGED_TAGS = ("losses/action_loss", "diagnostics/action_token_accuracy", "diagn
                "diagnostics/dataset_mean_return", "diagnostics/dataset_success_rate", "perf/train_tokens_per_s",
                "perf/update_s", "perf/eval_s", "eval/episodic_return", "eval/success_rate", "eval/episode_length",
                "eval/rtg_sweep_target", "eval/rtg_sweep_return", "eval/rtg_correlation")
+# the flags --resume lets differ from the saved run (none of them changes what the training samples)
+RESUMABLE = {"train_steps", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir"}
 
 
 def validate_args(args: Args):
@@ -146,6 +165,10 @@ def validate_args(args: Args):
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.eval_every < 0 or args.trainable_layers < 0 or args.rtg_decimals < 0:
         problems.append("--eval-every, --trainable-layers and --rtg-decimals must be >= 0")
+    if args.checkpoint_every < 0:
+        problems.append("--checkpoint-every must be >= 0 (0: no periodic checkpoints)")
+    if args.lora_r < 0:
+        problems.append("--lora-r must be >= 0 (0: no LoRA)")
     if args.rtg_scale <= 0:
         problems.append("--rtg-scale must be > 0")
     if not 0 <= args.dataset_epsilon <= 1:
@@ -264,8 +287,9 @@ def evaluate(model, fmt: StepFormat, env_id: str, targets: list[float], episodes
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
         attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-        scores = score_candidates(model, out.past_key_values, attn, out.logits[:, -1].float(), candidates, False)
+        with autocast(device):
+            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+            scores = score_candidates(model, out.past_key_values, attn, out.logits[:, -1].float(), candidates, False)
         still = []
         for row, i in enumerate(live):
             a = int(scores[row].argmax())
@@ -302,10 +326,14 @@ def load_or_collect(args: Args) -> tuple[list[Trajectory], dict]:
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "decision_transformer.py")
     validate_args(args)
     device = resolve_device(args.device)
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.train_steps < resumed["counters"]["iteration"]:
+        raise SystemExit(f"--train-steps {args.train_steps}: the checkpoint is at step {resumed['counters']['iteration']} already")
     try:
         probe = envs.make(args.env_id)  # fail fast on a bad --env-id, before loading data or a model
     except (ValueError, TypeError) as e:
@@ -329,24 +357,40 @@ if __name__ == "__main__":
     print0(f"dataset: {len(dataset)} episodes, {len(windows)} steps, return mean {np.mean(returns):.2f} "
            f"[{worst:.2f}, {best:.2f}], success {np.mean([t.success for t in dataset]):.2f} ({time.time() - t0:.1f}s)")
 
-    model, tokenizer = load_model(args.model, device, seed=args.seed)
+    dtype = torch.float32 if args.lora_r == 0 else None  # trained weights in fp32 (bf16 rounds a 1e-5 step away)
+    model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     num_layers = len(model.get_decoder().layers)
-    if 0 < args.trainable_layers < num_layers:
+    top = 0 < args.trainable_layers < num_layers
+    # the return-to-go and the state are text read by the LM's own embeddings: every trained weight is in
+    # the LM (no separate DT embeddings or heads), so the checkpoint and --save-model need only the LM
+    if args.lora_r > 0:  # adapters on the trained layers (all if 0); every base weight frozen
+        model = apply_lora(model, args.lora_r, args.lora_alpha,
+                           layers=range(num_layers - args.trainable_layers, num_layers) if top else None)
+    elif top:
         model.requires_grad_(False)
         for layer in model.get_decoder().layers[-args.trainable_layers:]:
             layer.requires_grad_(True)
         model.get_decoder().norm.requires_grad_(True)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     fmt = StepFormat(tokenizer, args.rtg_scale, args.rtg_decimals)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed)  # window sampling: the only generator the training loop draws from
+    generators = {"windows": rng}
 
-    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=True)
-    tracker.scalars({"diagnostics/dataset_mean_return": float(np.mean(returns)),
-                     "diagnostics/dataset_success_rate": float(np.mean([t.success for t in dataset]))}, 0)
-    tracker.trajectories(dataset, 0)
-    print0(f"run {run_name}: {args.model}, K={args.context_len}, {args.train_steps} steps x {args.minibatch_size} windows, "
+    tracker = Tracker(run_dir, vars(args), enabled=True, resume_state=resumed and resumed["tracker"])
+    first_step = 1
+    if resumed:  # weights (trained part), AdamW moments, every RNG and the step, as after the checkpoint's step
+        ckpt.restore(resumed, model, optimizer, generators=generators)
+        first_step = resumed["counters"]["iteration"] + 1
+        print0(f"resumed from {run_dir} at step {first_step - 1}")
+    else:
+        tracker.scalars({"diagnostics/dataset_mean_return": float(np.mean(returns)),
+                         "diagnostics/dataset_success_rate": float(np.mean([t.success for t in dataset]))}, 0)
+        tracker.trajectories(dataset, 0)
+    print0(f"run {os.path.basename(run_dir)}: {args.model}, K={args.context_len}, {args.train_steps} steps x {args.minibatch_size} windows, "
            f"R*={target:.2f}, sweep {sweep}")
 
     def run_eval(step: int, targets: list[float]) -> list[dict]:
@@ -361,10 +405,11 @@ if __name__ == "__main__":
         print0(f"eval @ step {step} | R*={res['target']:.2f} | return {res['episodic_return']:.2f} "
                f"| success {res['success_rate']:.2f} | length {res['episode_length']:.1f}")
 
-    if args.eval_every > 0:
+    if args.eval_every > 0 and not resumed:
         log_main(0, run_eval(0, [target])[0])
     start = time.time()
-    for step in range(1, args.train_steps + 1):
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this step, save a checkpoint, exit
+    for step in range(first_step, args.train_steps + 1):
         # ---- a batch of K-step windows, uniform over the dataset's steps ----
         t1 = time.time()
         batch = [training_window(fmt, dataset[i], t, args.context_len) for i, t in rng.choices(windows, k=args.minibatch_size)]
@@ -373,8 +418,9 @@ if __name__ == "__main__":
         attention = pad_right([[1] * len(ids) for ids, _ in batch], 0).to(device)
         # ---- cross-entropy on action tokens only ----
         model.train()
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
-        loss, accuracy = dt_loss(hidden, model.get_output_embeddings(), input_ids, loss_mask)
+        with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
+            hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            loss, accuracy = dt_loss(hidden, model.get_output_embeddings(), input_ids, loss_mask)
         optimizer.zero_grad()
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
@@ -388,6 +434,15 @@ if __name__ == "__main__":
                    f"| {update_s:.2f}s/step | {time.time() - start:.0f}s")
         if args.eval_every > 0 and step % args.eval_every == 0 and step != args.train_steps:
             log_main(step, run_eval(step, [target])[0])
+        stop = interrupt.should_stop()
+        if ckpt.due(step, last=step == args.train_steps) or stop:  # before the final sweep: --resume extends
+            ckpt.save({"iteration": step}, model, optimizer, generators=generators, tracker=tracker)
+            print0(f"checkpoint saved in {run_dir} (step {step})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
 
     # ---- final evaluation: R* = target, then the sweep over R* (return conditioning) ----
     final = run_eval(args.train_steps, list(dict.fromkeys([target] + sweep)))
@@ -408,9 +463,8 @@ if __name__ == "__main__":
     print0(f"return conditioning: corr(R*, achieved return) = {corr:.2f}")
 
     if args.save_model:
-        path = os.path.join(args.output_dir, run_name, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        path = os.path.join(run_dir, "model")
+        save_model(model, tokenizer, path)  # with LoRA: the adapter only (+ the base's name for load_model)
         print0(f"model saved to {path}")
-    print0(f"done in {time.time() - t0:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    print0(f"done in {time.time() - t0:.0f}s; logs in {run_dir}")
     tracker.close()

@@ -203,3 +203,67 @@ def test_return_conditioning_on_tiny(tmp_path):
     achieved = [v for _, v in s["eval/rtg_sweep_return"]]
     assert [v for _, v in s["eval/rtg_sweep_target"]] == sorted(v for _, v in s["eval/rtg_sweep_target"])
     assert achieved[-1] > achieved[0] + 1.0 and s["eval/rtg_correlation"][-1][1] > 0.5
+
+
+def _dt_cmd(*flags):
+    return [sys.executable, str(ROOT / "algorithms" / "decision_transformer.py"), "--model", "tiny", "--seed", "3",
+            "--dataset-episodes", "4", "--minibatch-size", "2", "--context-len", "2", "--learning-rate", "3e-3",
+            "--eval-episodes", "1", "--sweep-points", "2", *flags]
+
+
+def test_resume_from_a_checkpoint_logs_the_same_scalars_as_an_uninterrupted_run(tmp_path):
+    """N steps in one go vs. a run stopped at its checkpoint at step k (its final sweep, logged after the
+    checkpoint, is purged) and continued with --resume to N: weights, AdamW moments, the window-sampling
+    generator and the step come back, so every scalar but the wall-clock ones is identical (CPU)."""
+    n, k = 6, 3
+    flags = ["--eval-every", "2"]  # periodic evals before and after k are compared too
+    reference = subprocess.Popen(_dt_cmd(*flags, "--train-steps", str(n), "--output-dir", str(tmp_path / "ref")),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # both at once: start-up dominates
+    first = subprocess.run(_dt_cmd(*flags, "--train-steps", str(k), "--checkpoint-every", str(k),
+                                   "--output-dir", str(tmp_path / "cut")), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run_dir,) = (tmp_path / "cut").iterdir()
+    assert f"checkpoint saved in {run_dir} (step {k})" in first.stdout
+    resumed = subprocess.run([sys.executable, str(ROOT / "algorithms" / "decision_transformer.py"), "--resume",
+                              str(run_dir), "--train-steps", str(n)], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {run_dir} at step {k}" in resumed.stdout and "eval @ step 0 " not in resumed.stdout
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err[-3000:]
+
+    got, expected = read_scalars(run_dir), read_scalars(next((tmp_path / "ref").iterdir()))
+    wall_clock = lambda tag: tag.startswith("perf/") and (tag.endswith("_s") or tag.endswith("_per_s"))
+    compared = sorted(t for t in expected if not wall_clock(t))
+    assert set(got) == set(expected) and "losses/action_loss" in compared and "eval/rtg_sweep_return" in compared
+    for tag in compared:
+        assert got[tag] == expected[tag], tag  # same steps, bit-identical values
+    assert [s for s, _ in got["losses/action_loss"]] == list(range(1, n + 1))
+
+
+def test_lora_trains_only_the_adapter_and_saves_an_adapter_load_model_reads(tmp_path):
+    """--lora-r 4: the base weights stay those of `tiny` (seed 3), the adapter moves, the checkpoint holds only
+    the adapter, and --save-model writes the adapter alone, which common.models.load_model rebuilds."""
+    from common.models import is_peft, load_model
+
+    proc = subprocess.run(_dt_cmd("--lora-r", "4", "--save-model", "--train-steps", "3", "--eval-every", "0",
+                                  "--checkpoint-every", "3", "--output-dir", str(tmp_path)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    path = run_dir / "model"
+    assert (path / "adapter_config.json").exists() and not (path / "model.safetensors").exists()
+    ckpt = torch.load(next(run_dir.glob("checkpoint-*.pt")), weights_only=True)
+    assert ckpt["model"] and all("lora_" in name for name in ckpt["model"])
+
+    model, _ = load_model(str(path))
+    base_sd = load_model("tiny", seed=3)[0].state_dict()
+    assert is_peft(model)
+    checked, moved = 0, 0
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            moved += "lora_B" in name and p.abs().sum().item() > 0  # B starts at 0: nonzero means it trained
+            continue
+        original = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        assert torch.equal(p, base_sd[original]), name  # base weights unchanged
+        checked += 1
+    assert checked >= len(base_sd) - 1 and moved > 0
