@@ -24,6 +24,9 @@ Usage:
     python algorithms/cql.py --dataset datasets/gridworld_suboptimal.jsonl   # a dataset from benchmarks/collect_offline.py
     python algorithms/cql.py --model tiny --total-updates 50 --dataset-episodes 8   # seconds, for a smoke test
     python algorithms/cql.py --train-backbone --device cuda         # fine-tune the LM too (one forward per batch)
+    python algorithms/cql.py --train-backbone --lora-r 16 --device cuda   # ... or LoRA adapters on it
+    python algorithms/cql.py --checkpoint-every 500                 # then, after a crash or Ctrl-C:
+    python algorithms/cql.py --resume runs/<run> [--total-updates 6000]
 
 Copying this file out: it needs `common/` (offline.py for datasets) and `envs/` for the built-in
 environments (or any `package.module:Factory` with `action_names` passed as --env-id).
@@ -38,6 +41,8 @@ Where this departs from the paper / seed:
   so an update costs milliseconds; `--train-backbone` forwards the LM for every batch (online, and the target
   network keeps its own copy of the LM).
 - `done` is 1 only when the episode terminated (success / failure); a time-limit truncation bootstraps.
+- A checkpoint holds the Q head (and the trained LM weights or LoRA adapter), the target network, Adam and the
+  minibatch generator; the dataset and its encoding are rebuilt (deterministically) on `--resume`.
 """
 
 from __future__ import annotations
@@ -60,8 +65,9 @@ from torch import nn
 
 import envs
 from common.chat import ChatFormat
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import print0, seed_everything
-from common.models import load_model, resolve_device
+from common.models import apply_lora, load_model, resolve_device, save_model
 from common.offline import collect, dataset_stats, filter_demonstrations, load_dataset, transitions, write_dataset
 from common.records import Trajectory, Turn
 from common.tracking import Tracker, make_run_name
@@ -78,13 +84,17 @@ class Args:
     device: str = "cpu"
     """`cpu`, `cuda`, `cuda:N` or `auto`"""
     save_model: bool = False
-    """save the LM (Hugging Face format) and the Q head (`q_head.pt`) to `runs/{run_name}/model`"""
+    """save the LM (HF format; LoRA: the adapter only) and the Q head (`q_head.pt`) to `runs/{run_name}/model`"""
     model: str = "smollm2-135m"
     """`tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
     env_id: str = "gridworld"
     """a discrete-action environment (with `action_names`): gridworld, gridworld-procedural, frozenlake, taxi, ..."""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """checkpoint (trained weights, target network, optimizer, RNGs, counters) every N updates and at the end; 0: never"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     mode: Literal["cql", "bc", "filtered-bc"] = "cql"
@@ -101,6 +111,10 @@ class Args:
     """K: previous (observation, action) turns included in the state text (0: the current observation only, Markov for our grid games)"""
     train_backbone: bool = False
     """train the LM with the head (one forward per batch) instead of caching frozen features"""
+    lora_r: int = 0
+    """with --train-backbone: LoRA rank (peft) on the LM's attention/MLP projections, base frozen; 0: train the weights"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the update is (alpha / r) B A"""
     head: Literal["mlp", "linear"] = "mlp"
     """the Q head on the LM's final hidden state"""
     head_hidden: int = 256
@@ -149,6 +163,9 @@ SMOKE_TEST_ARGS = ["--dataset-episodes", "6", "--total-updates", "10", "--miniba
 LOGGED_TAGS = ("losses/loss", "losses/td_loss", "losses/cql_regulariser", "diagnostics/q_data", "diagnostics/q_logsumexp",
                "diagnostics/td_target", "diagnostics/action_agreement", "diagnostics/grad_norm", "perf/encode_s",
                "perf/updates_per_s", "perf/eval_s", "eval/episodic_return", "eval/success_rate", "eval/episode_length")
+# the flags --resume lets differ from the saved run (none of them changes what the training samples)
+RESUMABLE = {"total_updates", "checkpoint_every", "eval_every", "eval_episodes", "log_every", "save_model", "resume",
+             "output_dir"}
 
 
 def validate_args(args: Args):
@@ -157,7 +174,8 @@ def validate_args(args: Args):
                  "target_update_every", "head_hidden"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("history_len", "eval_every", "eval_episodes", "filter_max_steps", "cql_alpha"):
+    for name in ("history_len", "eval_every", "eval_episodes", "filter_max_steps", "cql_alpha", "checkpoint_every",
+                 "lora_r"):
         if getattr(args, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
     if not 0 <= args.gamma <= 1 or not 0 < args.tau <= 1 or not 0 <= args.dataset_epsilon <= 1:
@@ -166,6 +184,8 @@ def validate_args(args: Args):
         problems.append("--filter-max-repeat-fraction must be in [0, 1)")
     if args.dataset and not os.path.exists(args.dataset):
         problems.append(f"--dataset {args.dataset} does not exist")
+    if args.lora_r > 0 and not args.train_backbone:
+        problems.append("--lora-r needs --train-backbone (the frozen LM has nothing to adapt)")
     if problems:
         raise SystemExit("cql.py: " + "; ".join(problems))
 
@@ -260,10 +280,16 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float):
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "cql.py")
     validate_args(args)
     device = resolve_device(args.device)
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    run_name = os.path.basename(run_dir)
+    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.total_updates < resumed["counters"]["iteration"]:
+        raise SystemExit(f"--total-updates {args.total_updates}: the checkpoint is at update "
+                         f"{resumed['counters']['iteration']} already")
     try:  # fail fast on a bad --env-id, before loading a model
         probe = envs.make(args.env_id)
     except (ValueError, TypeError) as e:
@@ -283,10 +309,11 @@ if __name__ == "__main__":
 
     seed_everything(args.seed, args.torch_deterministic)
     model, tokenizer = load_model(args.model, device, seed=args.seed)
+    if args.lora_r > 0:  # adapters on every layer (B = 0: the same LM at the start), base weights frozen
+        model = apply_lora(model, args.lora_r, args.lora_alpha)
     chat = ChatFormat(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.eos_id
     body = model.get_decoder()
-    run_dir = os.path.join(args.output_dir, run_name)
 
     # ---- the data: a dataset file, or one collected now (and written into the run directory) ----
     if not args.dataset:
@@ -325,14 +352,14 @@ if __name__ == "__main__":
     S, A, R, S2, D = (torch.tensor(x, device=device) for x in (s_idx, actions, rewards, s2_idx, dones))
     R, D = R.float(), D.float()
     args.num_transitions, args.num_states = len(s_idx), len(state_index)
-    tracker = Tracker(run_dir, vars(args))
+    tracker = Tracker(run_dir, vars(args), resume_state=resumed and resumed["tracker"])
 
     head = QHead(args.head, model.config.hidden_size, args.head_hidden, len(action_names)).to(device)
     if args.train_backbone:
         body.train()
         target_body = copy.deepcopy(body).requires_grad_(False).eval()
         params = [{"params": head.parameters(), "lr": args.learning_rate},
-                  {"params": body.parameters(), "lr": args.backbone_learning_rate}]
+                  {"params": [p for p in body.parameters() if p.requires_grad], "lr": args.backbone_learning_rate}]
     else:
         body.requires_grad_(False)
         params = [{"params": head.parameters(), "lr": args.learning_rate}]
@@ -364,7 +391,8 @@ if __name__ == "__main__":
     encode_s = time.time() - t0
     print0(f"run {run_name}: {args.mode} on {args.num_transitions} transitions, {args.num_states} distinct states "
            f"({sum(map(len, all_ids)) / len(all_ids):.0f} tokens each), encoded in {encode_s:.1f}s")
-    tracker.scalars({"perf/encode_s": encode_s}, 0)
+    if not resumed:
+        tracker.scalars({"perf/encode_s": encode_s}, 0)
     eval_cache: dict[tuple[str, ...], torch.Tensor] = dict(zip(state_index, features)) if features is not None else {}
 
     def q_values(idx: torch.Tensor, hd=head, bd=None) -> torch.Tensor:
@@ -414,10 +442,21 @@ if __name__ == "__main__":
 
     # ---- training: minibatches of transitions ----
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
-    if args.eval_every and args.eval_episodes:
+    # what a checkpoint stores as weights: the head's parameters and the LM's trained ones (none when frozen)
+    trained = nn.ModuleDict({"head": head, "body": body})
+    sums, first_update = {}, 1  # sums: the running log window (with its count "n"), so a resume continues it
+    if resumed:  # after the standardisation above, which the initial LM's features define
+        ckpt.restore(resumed, trained, optimizer, generators={"minibatch": gen})
+        target_head.load_state_dict(resumed["extra"]["target_head"])
+        if args.train_backbone:
+            target_body.load_state_dict(resumed["extra"]["target_body"], strict=False)
+        sums, first_update = resumed["extra"]["log_sums"], resumed["counters"]["iteration"] + 1
+        print0(f"resumed from {run_dir} at update {first_update - 1}")
+    elif args.eval_every and args.eval_episodes:
         evaluate(0)
-    start, t_log, sums = time.time(), time.time(), {}
-    for update in range(1, args.total_updates + 1):
+    start, t_log = time.time(), time.time()
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this update, save a checkpoint, exit
+    for update in range(first_update, args.total_updates + 1):
         batch = torch.randint(len(s_idx), (args.minibatch_size,), generator=gen).to(device)
         s, a = S[batch], A[batch]
         q = q_values(s)
@@ -444,10 +483,10 @@ if __name__ == "__main__":
                          "diagnostics/q_data": q.gather(-1, a[:, None]).mean().item(),
                          "diagnostics/q_logsumexp": torch.logsumexp(q, -1).mean().item(),
                          "diagnostics/action_agreement": (q.argmax(-1) == a).float().mean().item()})
-        for k, v in logs.items():
+        for k, v in {**logs, "n": 1}.items():
             sums[k] = sums.get(k, 0.0) + v
         if update % args.log_every == 0 or update == args.total_updates:
-            n = args.log_every if update % args.log_every == 0 else update % args.log_every
+            n = sums.pop("n")
             means = {k: v / n for k, v in sums.items()}
             means["perf/updates_per_s"] = n / (time.time() - t_log)
             tracker.scalars(means, update)
@@ -459,11 +498,23 @@ if __name__ == "__main__":
             sums, t_log = {}, time.time()
         if args.eval_episodes and ((args.eval_every and update % args.eval_every == 0) or update == args.total_updates):
             evaluate(update)
+        stop = interrupt.should_stop()
+        if ckpt.due(update, last=update == args.total_updates) or stop:
+            trained_names = {n for n, p in body.named_parameters() if p.requires_grad}  # the target LM: that part
+            target_lm = {n: p.detach().cpu().clone() for n, p in target_body.named_parameters()
+                         if n in trained_names} if args.train_backbone else {}
+            ckpt.save({"iteration": update}, trained, optimizer, generators={"minibatch": gen}, tracker=tracker,
+                      extra={"target_head": target_head.state_dict(), "target_body": target_lm, "log_sums": dict(sums)})
+            print0(f"checkpoint saved in {run_dir} (update {update})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
 
     if args.save_model:
-        path = os.path.join(args.output_dir, run_name, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        path = os.path.join(run_dir, "model")
+        save_model(model, tokenizer, path)  # with LoRA: the adapter only
         torch.save(head.state_dict(), os.path.join(path, "q_head.pt"))
         with open(os.path.join(path, "q_head.json"), "w") as f:  # how to rebuild the head and its state text
             json.dump({"head": args.head, "head_hidden": args.head_hidden, "action_names": action_names,

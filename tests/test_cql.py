@@ -125,3 +125,29 @@ def test_tiny_train_backbone_history_and_dataset_file(tmp_path):
     proc, _ = run_cql(tmp_path, "--dataset", str(tmp_path / "data" / "gw.jsonl"), "--env-id", "frozenlake")
     assert proc.returncode != 0 and "collected on gridworld; pass --env-id gridworld" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags", [[], pytest.param(["--train-backbone", "--lora-r", "4", "--head", "linear"],
+                                                    marks=pytest.mark.slow)], ids=["frozen", "lora"])
+def test_resume_matches_an_uninterrupted_run(tmp_path, flags):
+    """N updates in one go == k updates with a checkpoint, then --resume to N: every logged number but wall-clock.
+    k is a multiple of --log-every and --eval-every, so the stopped run logs nothing the long one does not."""
+    common = ["--dataset-episodes", "4", "--minibatch-size", "8", "--log-every", "2", "--eval-every", "4",
+              "--eval-episodes", "1", "--tau", "0.3", *flags]  # a large tau: the target network's state matters
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    proc, runs = run_cql(tmp_path / "a", "--total-updates", "8", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    full = read_scalars(runs[-1])
+    proc, runs = run_cql(tmp_path / "b", "--total-updates", "4", "--checkpoint-every", "4", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [s for s, _ in read_scalars(runs[-1])["losses/loss"]] == [2, 4]
+    proc, _ = run_cql(tmp_path / "b", "--resume", str(runs[-1]), "--total-updates", "8")
+    assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr[-3000:]
+    resumed = read_scalars(runs[-1])
+    wall_clock = lambda tag: tag.startswith("perf/") and tag.endswith(("_s", "_per_s"))
+    assert {t for t in full if not wall_clock(t)} == {t for t in resumed if not wall_clock(t)}
+    for tag in full:
+        if not wall_clock(tag):
+            assert resumed[tag] == full[tag], tag
+    assert [s for s, _ in full["losses/loss"]] == [2, 4, 6, 8] and [s for s, _ in full["eval/success_rate"]] == [0, 4, 8]
