@@ -63,15 +63,18 @@ def markdown_table(path: str) -> str:
     """One row per run in `path`: the environment, its settings and what was measured."""
     rows = [json.loads(line) for line in open(path) if line.strip()]
     lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions | "
-             "mean length | tokens/s |", "|-|-|-|-|-|-|-|-|-|"]
+             "mean length | tokens/s | load avg | commit |", "|-|-|-|-|-|-|-|-|-|-|-|"]
     for r in rows:
         s = r["settings"]
         lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
                      f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
-                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} |")
-    machines = sorted({f"{r['machine']}, commit {r['commit']}" for r in rows})
+                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['load_average_1min']:.1f} | {r['commit']} |" if "load_average_1min" in r else
+                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} | not recorded | {r['commit']} |")
+    machines = sorted({r["machine"] for r in rows})
     return "\n".join([f"Model `{rows[0]['settings']['model']}` zero-shot, temperature "
-                      f"{rows[0]['settings']['temperature']}; machine: {'; '.join(machines)}.", "",
+                      f"{rows[0]['settings']['temperature']}; machine: {'; '.join(machines)}. A load average above "
+                      "the 2 cores means other jobs shared the CPU (tokens/s is then lower than on an idle machine).", "",
                       *lines, "", "Reproduce: `bash benchmarks/zero_shot.sh`", ""]) if rows else "no results\n"
 
 
