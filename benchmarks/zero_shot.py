@@ -66,11 +66,10 @@ def markdown_table(path: str) -> str:
              "mean length | tokens/s | load avg | commit |", "|-|-|-|-|-|-|-|-|-|-|-|"]
     for r in rows:
         s = r["settings"]
+        load = f"{r['load_average_1min']:.1f}" if "load_average_1min" in r else "not recorded"
         lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
                      f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
-                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} | "
-                     f"{r['load_average_1min']:.1f} | {r['commit']} |" if "load_average_1min" in r else
-                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} | not recorded | {r['commit']} |")
+                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} | {load} | {r['commit']} |")
     machines = sorted({r["machine"] for r in rows})
     return "\n".join([f"Model `{rows[0]['settings']['model']}` zero-shot, temperature "
                       f"{rows[0]['settings']['temperature']}; machine: {'; '.join(machines)}. A load average above "
