@@ -1,0 +1,205 @@
+"""Writes the README's measured numbers from the committed results, so none of them is typed by hand.
+
+    python benchmarks/readme.py                       # rewrite the generated blocks of README.md
+    python benchmarks/readme.py --check               # exit 1 if README.md differs from what the results say
+    python benchmarks/readme.py --record-tests LOG    # after `bash .ci/run | tee LOG`: store the test counts and time
+
+A generated block is the text between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`; the
+prose around it is written by hand and holds no measurement. Each block is rendered from files that a
+benchmark script wrote under benchmarks/results/ (the script is named in the block), so a rerun of that
+script followed by this one updates the README. tests/test_readme.py runs `--check` in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import tyro
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
+
+
+@dataclass
+class Args:
+    check: bool = False
+    """only compare: exit 1 (and show the stale blocks) if README.md is not what the results say"""
+    record_tests: str = ""
+    """a log of `bash .ci/run` (pytest's summary line at the end): write its counts and time to
+    benchmarks/results/test_suite.json, then regenerate"""
+    tested_commit: str = ""
+    """with --record-tests: the commit the log's run tested (default: this checkout's HEAD)"""
+    readme: str = str(ROOT / "README.md")
+    """the file whose generated blocks are rewritten"""
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Every markdown table in `text`, as rows of stripped cells (the header row first, the --- row dropped)."""
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):
+                rows.append(cells)
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def main_job() -> str:
+    """The README's main job (grpo_agent.py, defaults), from the summary benchmarks/summarize_run.py wrote."""
+    text = (RESULTS / "grpo_agent_gridworld.md").read_text()
+    run1 = text.split("## Run 2")[0]
+    header, *rows = markdown_tables(run1)[0]
+    col = {name: i for i, name in enumerate(header)}
+    evals = [r for r in rows if r[col["greedy success"]]]
+    sampled = {r[0]: r[col["sampled success"]] for r in rows if r[col["sampled success"]]}
+    first_sampled = min(sampled, key=int)
+    cells = lambda f: " | ".join(f(r) for r in evals)  # noqa: E731
+    per_iter = re.search(r"mean ([\d.]+) s \(rollout ([\d.]+) s, update ([\d.]+) s\).*?throughput (\d+) tokens/s.*?"
+                         r"(\d+) iterations, (\d+) s of rollout", run1, re.S)
+    mean_s, rollout_s, update_s, tok_s, iters, total_s = per_iter.groups()
+    final = evals[-1]
+    return "\n".join([
+        f"| training episodes | {cells(lambda r: r[0])} |",
+        "| --- |" + " --- |" * len(evals),
+        f"| greedy success rate | {cells(lambda r: r[col['greedy success']])} |",
+        f"| greedy return (optimal 4.45) | {cells(lambda r: r[col['greedy return']])} |",
+        f"| sampled success rate (T = 2) | " + " | ".join(
+            sampled.get(r[0], "") or (f"{sampled[first_sampled]} (ep. {first_sampled})" if r[0] == "0" else "")
+            for r in evals) + " |",
+        "",
+        f"Time: {total_s} s of rollout + update for {iters} iterations on an otherwise idle machine ({mean_s} s per "
+        f"iteration: rollout {rollout_s} s, update {update_s} s; the rollout processes about {tok_s} tokens/s); "
+        f"the greedy evaluations and start-up come on top. Final greedy success {final[col['greedy success']]}, "
+        f"return {final[col['greedy return']]} of the optimal 4.45. Source: `python benchmarks/summarize_run.py` "
+        "on the run, [benchmarks/results/grpo_agent_gridworld.md](benchmarks/results/grpo_agent_gridworld.md).",
+    ])
+
+
+def three_way() -> str:
+    """Seed 003's three-way table, from benchmarks/hybrid_three_way.py's output (latency columns dropped: see the file)."""
+    text = (RESULTS / "hybrid_three_way.md").read_text()
+    ours, seed = markdown_tables(text)[:2]
+    keep = ["agent", "resources", "steps", "goal rate", "return", "planner calls / episode"]
+    idx = [ours[0].index(k) for k in keep]
+    lines = ["| " + " | ".join(keep) + " |", "|" + " --- |" * len(keep)]
+    lines += ["| " + " | ".join(r[i] for i in idx) + " |" for r in ours[1:]]
+    sidx = [seed[0].index(k) for k in ("agent", "resources", "steps", "goal rate", "reward", "LLM calls")]
+    lines += ["| *" + " | ".join(r[i] for i in sidx) + "* |" for r in seed[1:]]
+    first = text.splitlines()[2].split("; latencies")[0] + "."  # the setting and the machine
+    return "\n".join(lines + ["", f"{first} Rewards of the seed's rows are on its own scale. Source: "
+                              "`python benchmarks/hybrid_three_way.py`, [benchmarks/results/hybrid_three_way.md]"
+                              "(benchmarks/results/hybrid_three_way.md)."])
+
+
+def zero_shot() -> str:
+    """SmolLM2 before training on each environment family, from benchmarks/zero_shot.py's JSONL."""
+    rows = [json.loads(line) for line in (RESULTS / "zero_shot_families.jsonl").read_text().splitlines() if line.strip()]
+    lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        s = r["settings"]
+        lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
+                     f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} |")
+    return "\n".join(lines + ["", f"Model `{rows[0]['settings']['model']}`, temperature {rows[0]['settings']['temperature']}. "
+                              "Source: `bash benchmarks/zero_shot.sh`, [benchmarks/results/zero_shot_families.md]"
+                              "(benchmarks/results/zero_shot_families.md) (commit, load and tokens/s per row)."])
+
+
+def performance() -> str:
+    """Rollout-engine and GRPO-step ratios, from rollout_speed.py's JSONL and vs_trl.py's sections."""
+    cells = [json.loads(line) for line in (RESULTS / "rollout_speed.jsonl").read_text().splitlines() if line.strip()]
+    by = {(c["env"], c["turns"], c["method"]): c for c in cells}
+    lines = ["| rollout (B = 16, `smollm2-135m`, greedy) | turns | engine tok/s | batched re-encoding `generate` tok/s | "
+             "engine / batched | per-episode `generate` tok/s | engine / per-episode |", "| --- |" + " --- |" * 6]
+    for (env, turns, method), c in sorted(by.items()):
+        base, single = by.get((env, turns, "generate_batch")), by.get((env, turns, "generate_single"))
+        if method == "engine" and base:
+            lines.append(f"| {env} | {turns} | {c['tok_s']:.1f} | {base['tok_s']:.1f} | {c['tok_s'] / base['tok_s']:.2f}x | "
+                         + (f"{single['tok_s']:.1f} | {c['tok_s'] / single['tok_s']:.2f}x |" if single else "not run | |"))
+    lines += ["", "| one GRPO step vs TRL `GRPOTrainer` (gradient checkpointing off on both) | TRL / ours (median s/step) | "
+              "load average at start / end | commit |", "| --- | --- | --- | --- |"]
+    for section in (RESULTS / "vs_trl.md").read_text().split("\n# One GRPO step")[1:]:  # one per vs_trl.py --append
+        title = section.splitlines()[0].split("GRPOTrainer")[-1].strip(" ()") or "whole model trained"
+        ratio = re.search(r"TRL / ours = ([\d.]+x)", section).group(1)
+        load = re.search(r"at start ([\d.]+)/.*?at end ([\d.]+)/", section)
+        commit = re.search(r"Git commit (\w+)", section).group(1)
+        lines.append(f"| {title} | {ratio} | {load.group(1)} / {load.group(2)} | {commit} |")
+    return "\n".join(lines + ["", "Each ratio compares methods run back to back in one invocation on the shared 2-core "
+                              "CPU (absolute times in the files). Sources: `python benchmarks/rollout_speed.py`, "
+                              "[rollout_speed.md](benchmarks/results/rollout_speed.md); `python benchmarks/vs_trl.py`, "
+                              "[vs_trl.md](benchmarks/results/vs_trl.md)."])
+
+
+def memory() -> str:
+    """Peak RSS of GRPO configurations, from benchmarks/memory.py's table."""
+    path = RESULTS / "memory.md"
+    if not path.exists():
+        return "Not measured yet (`python benchmarks/memory.py`)."
+    return "\n".join(["| " + " | ".join(r) + " |" if i != 1 else "|" + " --- |" * len(r) + "\n| " + " | ".join(r) + " |"
+                      for i, r in enumerate(markdown_tables(path.read_text())[0])]
+                     + ["", "Source: `python benchmarks/memory.py`, [memory.md](benchmarks/results/memory.md)."])
+
+
+def tests_block() -> str:
+    """The last recorded full test run (benchmarks/results/test_suite.json, written by --record-tests)."""
+    path = RESULTS / "test_suite.json"
+    if not path.exists():
+        return "No full run recorded yet (`python benchmarks/readme.py --record-tests LOG`)."
+    r = json.loads(path.read_text())
+    return (f"The last recorded full run (`bash .ci/run` from a fresh clone of commit {r['commit']}, {r['date']}, "
+            f"{r['machine']}): {r['passed']} passed, {r['skipped']} skipped (optional packages absent), "
+            f"{r['seconds'] / 60:.0f} min of tests. Tests marked slow run with `python -m pytest -m slow`.")
+
+
+def record_tests(log: str, commit: str = "") -> None:
+    """Store the summary line of a `.ci/run` log: counts, seconds, commit, date, machine."""
+    tail = Path(log).read_text().strip().splitlines()
+    m = next((re.search(r"(\d+) passed(?:, (\d+) skipped)?.* in ([\d.]+)s", line) for line in reversed(tail)
+              if re.search(r"\d+ passed.* in [\d.]+s", line)), None)
+    if m is None or "failed" in " ".join(tail[-3:]):
+        raise SystemExit(f"--record-tests {log}: no all-green pytest summary line at the end of the log")
+    commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    (RESULTS / "test_suite.json").write_text(json.dumps({
+        "passed": int(m.group(1)), "skipped": int(m.group(2) or 0), "seconds": float(m.group(3)), "commit": commit,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, otherwise idle"}, indent=1) + "\n")
+
+
+BLOCKS = {"main-job": main_job, "three-way": three_way, "zero-shot": zero_shot, "performance": performance,
+          "memory": memory, "tests": tests_block}
+
+
+def render(readme: str) -> str:
+    def fill(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in BLOCKS:
+            raise SystemExit(f"README block `{name}` has no generator in benchmarks/readme.py ({', '.join(BLOCKS)})")
+        return f"{m.group(1)}{BLOCKS[name]()}\n{m.group(4)}"
+    return BLOCK.sub(fill, readme)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    if args.record_tests:
+        record_tests(args.record_tests, args.tested_commit)
+    current = Path(args.readme).read_text()
+    fresh = render(current)
+    if args.check:
+        stale = [m.group("name") for m, f in zip(BLOCK.finditer(current), BLOCK.finditer(fresh)) if m.group(0) != f.group(0)]
+        if stale:
+            print(f"README.md is out of date in block(s) {', '.join(stale)}: run `python benchmarks/readme.py`")
+            sys.exit(1)
+        print(f"README.md: {len(BLOCK.findall(current))} generated blocks are current")
+    elif fresh != current:
+        Path(args.readme).write_text(fresh)
+        print(f"rewrote {args.readme}")

@@ -1,0 +1,54 @@
+"""The README's measured numbers are the ones benchmarks/readme.py renders from benchmarks/results/ (none typed by hand)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import readme
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_readme(*flags):
+    return subprocess.run([sys.executable, "benchmarks/readme.py", *flags], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_readme_blocks_are_current():
+    result = run_readme("--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (ROOT / "README.md").read_text()
+    for name in readme.BLOCKS:  # every generator has its place in the README
+        assert f"<!-- generated: {name} -->" in text
+
+
+def test_a_hand_edited_number_is_caught(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- generated: main-job -->")[1].split("<!-- end generated: main-job -->")[0]
+    edited = block.replace("| greedy success rate | 0.00", "| greedy success rate | 0.90", 1)
+    assert edited != block
+    bad = tmp_path / "README.md"
+    bad.write_text(text.replace(block, edited))
+    result = run_readme("--check", "--readme", str(bad))
+    assert result.returncode == 1 and "main-job" in result.stdout
+    assert run_readme("--readme", str(bad)).returncode == 0  # regenerating repairs it
+    assert bad.read_text() == text
+
+
+def test_markdown_tables_drop_separator_rows():
+    text = "intro\n\n| a | b |\n| --- | ---: |\n| 1 | 2 |\n\nmiddle\n| x |\n|-|\n| y |\n"
+    assert readme.markdown_tables(text) == [[["a", "b"], ["1", "2"]], [["x"], ["y"]]]
+
+
+def test_record_tests_reads_the_pytest_summary(tmp_path, monkeypatch):
+    monkeypatch.setattr(readme, "RESULTS", tmp_path)
+    log = tmp_path / "ci.log"
+    log.write_text("....\n626 passed, 7 skipped, 4 deselected in 1124.30s (0:18:44)\n")
+    readme.record_tests(str(log))
+    stored = json.loads((tmp_path / "test_suite.json").read_text())
+    assert (stored["passed"], stored["skipped"], stored["seconds"]) == (626, 7, 1124.30)
+    log.write_text("..F.\n1 failed, 625 passed, 7 skipped in 1100.00s\n")
+    with pytest.raises(SystemExit, match="all-green"):
+        readme.record_tests(str(log))
