@@ -104,7 +104,9 @@ def three_way() -> str:
 
 def zero_shot() -> str:
     """SmolLM2 before training on each environment family, from benchmarks/zero_shot.py's JSONL."""
-    rows = [json.loads(line) for line in (RESULTS / "zero_shot_families.jsonl").read_text().splitlines() if line.strip()]
+    runs = [json.loads(line) for line in (RESULTS / "zero_shot_families.jsonl").read_text().splitlines() if line.strip()]
+    latest = {(r["env_id"], r["settings"]["env_kwargs"], r["action_mode"]): r for r in runs}  # a rerun replaces a row
+    rows = list(latest.values())
     lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
