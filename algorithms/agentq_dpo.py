@@ -19,7 +19,10 @@ Usage:
     python algorithms/agentq_dpo.py --model tiny --total-iterations 2     # seconds, for a smoke test
     python algorithms/agentq_dpo.py --env-id workspace                     # JSON tool calls, free mode
     python algorithms/agentq_dpo.py --pair-level both                      # step- and trajectory-level pairs
+    python algorithms/agentq_dpo.py --lora-r 8                             # LoRA adapters; reference = adapters off
     python algorithms/agentq_dpo.py --device cuda                          # one GPU
+    python algorithms/agentq_dpo.py --checkpoint-every 1                   # then, after a crash or Ctrl-C:
+    python algorithms/agentq_dpo.py --resume runs/<run> --total-iterations 5  # continue (and extend) that run
 
 Measured: `--total-iterations 3 --num-tasks 2 --num-simulations 4 --max-depth 12 --eval-episodes 1` took
 23 min wall (2 min 15 s of CPU) on a heavily shared 2-core CPU; see docs/agentq_dpo.md, Results.
@@ -55,13 +58,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import tyro
 from transformers import DynamicCache
 
 import envs
 from common.chat import ChatFormat
+from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import print0, seed_everything
-from common.models import load_model, resolve_device
+from common.models import adapter_disabled, apply_lora, load_model, resolve_device, save_model
 from common.records import ChoiceStep, Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, policy_logprobs, sample_from_logits, score_candidates
 from common.tracking import Tracker, make_run_name
@@ -78,13 +81,18 @@ class Args:
     device: str = "cpu"
     """`cpu`, `cuda`, `cuda:N` or `auto`"""
     save_model: bool = False
-    """save the final policy (Hugging Face format) to `runs/{run_name}/model`"""
+    """save the final policy (Hugging Face format; with LoRA the adapter only) to `runs/{run_name}/model`"""
     model: str = "smollm2-135m"
     """`tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
     env_id: str = "gridworld"
     """environment id (`gridworld`, `workspace`, ...) or `package.module:Factory`; needs snapshot()/restore()"""
     output_dir: str = "runs"
     """where run directories are created"""
+    checkpoint_every: int = 0
+    """save a checkpoint (trained weights, optimizer, RNG states, counters) every N iterations and at the end; 0: never.
+    Ctrl-C (or SIGTERM) always finishes the iteration and saves one before exiting"""
+    resume: str = ""
+    """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
     # Algorithm specific arguments
     total_iterations: int = 3
@@ -127,12 +135,18 @@ class Args:
     """pairs per optimizer step (one packed forward of 2x this many sequences)"""
     trainable_layers: int = 6
     """train only the top N transformer layers and the final norm (0, or at least the layer count: the whole model)"""
+    lora_r: int = 0
+    """LoRA rank (peft) on the trained layers' attention and MLP projections, base frozen; 0: train the weights"""
+    lora_alpha: float = 16.0
+    """LoRA scale numerator: the update is (alpha / r) B A"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
     eval_episodes: int = 4
     """greedy episodes on held-out seeds before training and after every iteration; 0 disables"""
 
 
+# the flags --resume lets differ from the saved run (none of them changes what the search samples or trains on)
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_episodes", "save_model", "resume", "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--num-tasks", "2", "--num-simulations", "3", "--max-depth", "4",
                    "--min-q-gap", "0.0", "--eval-episodes", "1"]
@@ -154,8 +168,9 @@ def validate_args(args: Args):
         problems.append("--beta must be > 0")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.ucb_c < 0 or not 0 < args.gamma <= 1:
         problems.append("--temperature and --ucb-c must be >= 0, --top-p and --gamma in (0, 1]")
-    if args.min_q_gap < 0 or args.eval_episodes < 0:
-        problems.append("--min-q-gap and --eval-episodes must be >= 0")
+    for name in ("min_q_gap", "eval_episodes", "trainable_layers", "checkpoint_every", "lora_r"):
+        if getattr(args, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} must be >= 0")
     if problems:
         raise SystemExit("agentq_dpo.py: " + "; ".join(problems))
 
@@ -174,7 +189,7 @@ class Node:
     reward: float = 0.0  # reward of that action
     done: bool = False
     termination: str = ""
-    children: list["Node"] = field(default_factory=list)
+    children: list[Node] = field(default_factory=list)
     visits: int = 0  # N(s, a) of the edge into this node
     value_sum: float = 0.0  # sum of returns observed after taking the action (reward included)
     expansions: int = 0  # candidates drawn here so far (free-mode duplicates count)
@@ -187,9 +202,7 @@ class Node:
 
 def ucb1(parent: Node, child: Node, c: float) -> float:
     """Eq. 12.8: UCB(s, a) = Q(s, a) + c sqrt(ln N(s) / N(s, a)); an unvisited child comes first."""
-    if child.visits == 0:
-        return math.inf
-    return child.q + c * math.sqrt(math.log(max(parent.visits, 1)) / child.visits)
+    return math.inf if child.visits == 0 else child.q + c * math.sqrt(math.log(max(parent.visits, 1)) / child.visits)
 
 
 def count_nodes(node: Node) -> int:
@@ -208,11 +221,8 @@ def backup(path: list[Node], gamma: float) -> float:
 
 
 class LiveBatch:
-    """One KV cache over the simulations in flight (one row each), grown by appending segments.
-
-    Segments are left-padded into a column block; padding is masked and position ids count real tokens
-    only, as in common/rollout.py, so a row's numbers do not depend on its neighbours.
-    """
+    """One KV cache over the simulations in flight (one row each), grown by appending segments: left-padded
+    into a column block, padding masked, position ids counting real tokens only (as common/rollout.py)."""
 
     def __init__(self, model, pad_id: int, device):
         self.body, self.head, self.pad_id, self.device = model.get_decoder(), model.get_output_embeddings(), pad_id, device
@@ -242,9 +252,7 @@ class LiveBatch:
 @torch.no_grad()
 def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args, mode: str, gen: torch.Generator):
     """Grow one tree per (env, seed) with `args.num_simulations` simulations, the trees batched in lockstep.
-
-    Returns (roots, simulations, tokens fed) where simulations[i] is a list of (path, return) per tree.
-    """
+    Returns (roots, simulations, tokens fed) where simulations[i] is a list of (path, return) per tree."""
     device = next(model.parameters()).device
     pad_id = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
     candidates = [chat.encode(n) for n in env_list[0].action_names] if mode == "choice" else None
@@ -267,8 +275,7 @@ def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args
                 live = [live[r] for r in live_rows]
                 if not live:
                     break
-                if batch.attn is not None:
-                    batch.keep(live_rows)
+                batch.keep(live_rows)  # (never on the first step: a root is neither done nor at --max-depth >= 1)
             logits = batch.feed([unfed[i] for i in live])
             nodes = [paths[i][-1] for i in live]
             expand = [n.expansions < args.num_candidates and (mode == "free" or n.expansions < len(candidates)) for n in nodes]
@@ -289,7 +296,6 @@ def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args
                 new_actions = generate(batch, logits, expand, chat, args, gen)
             for r, i in enumerate(live):
                 node, env = nodes[r], env_list[i]
-                child = None
                 if r in new_actions:
                     ids, text, k, to_feed = new_actions[r]
                     node.expansions += 1
@@ -298,12 +304,10 @@ def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args
                         env.restore(node.snapshot)
                         obs, reward, terminated, truncated, info = env.step(text if mode == "free" else k)
                         done = terminated or truncated
-                        eos = bool(ids) and ids[-1] == chat.eos_id
-                        segment = chat.next_turn_ids(obs, action_ended_with_eos=eos)
+                        segment = chat.next_turn_ids(obs, action_ended_with_eos=bool(ids) and ids[-1] == chat.eos_id)
                         child = Node(prefix=node.prefix + ids + segment, snapshot=None if done else env.snapshot(),
-                                     depth=node.depth + 1, action_ids=ids, action_text=text, choice_index=k,
-                                     reward=float(reward), done=done,
-                                     termination=info.get("termination", "") if done else "")
+                                     depth=node.depth + 1, action_ids=ids, action_text=text, choice_index=k, reward=float(reward),
+                                     done=done, termination=info.get("termination", "") if done else "")
                         node.children.append(child)
                     unfed[i] = to_feed + child.prefix[len(node.prefix) + len(ids):]
                 else:  # fully expanded: UCB1 over the children
@@ -316,9 +320,7 @@ def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args
 
 def generate(batch: LiveBatch, logits, rows_mask: list[bool], chat: ChatFormat, args: Args, gen) -> dict:
     """Free mode: sample one action for the flagged rows (others feed masked pads), up to EOS or the cap.
-
-    Every sampled token but the last is now in the cache; the last one is returned as still to feed.
-    """
+    Every sampled token but the last is then in the cache; the last one is returned as still to feed."""
     n = len(rows_mask)
     sampled, done = [[] for _ in range(n)], [not m for m in rows_mask]
     for step in range(args.max_turn_tokens):
@@ -330,12 +332,8 @@ def generate(batch: LiveBatch, logits, rows_mask: list[bool], chat: ChatFormat, 
         if all(done) or step == args.max_turn_tokens - 1:
             break
         logits = batch.feed([[] if done[r] else [sampled[r][-1]] for r in range(n)])
-    out = {}
-    for r in range(n):
-        if rows_mask[r]:
-            text = chat.tokenizer.decode([t for t in sampled[r] if t != chat.eos_id])
-            out[r] = (sampled[r], text, -1, sampled[r][-1:])
-    return out
+    return {r: (sampled[r], chat.tokenizer.decode([t for t in sampled[r] if t != chat.eos_id]), -1, sampled[r][-1:])
+            for r in range(n) if rows_mask[r]}
 
 
 # ---- preference pairs -----------------------------------------------------------------------------
@@ -358,11 +356,9 @@ def make_record(path: list[Node], start: int, candidates, mode: str) -> Trajecto
         if j < len(path) - start - 1:  # the observation after the action, unless it is the record's last
             tail = node.prefix[len(ids):]  # node.prefix = parent prefix + action + this segment
             ids, mask = ids + tail, mask + [0] * len(tail)
-    last = path[-1]
-    return Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0,
-                      turns=[], rewards={}, return_=0.0, termination=last.termination or "truncated",
-                      env_version="", task_id="", seed=0, prompt_length=len(path[start - 1].prefix),
-                      choice_steps=steps)
+    return Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0, turns=[],
+                      rewards={}, return_=0.0, termination=path[-1].termination or "truncated", env_version="",
+                      task_id="", seed=0, prompt_length=len(path[start - 1].prefix), choice_steps=steps)
 
 
 def step_pairs(root: Node, candidates, mode: str, min_gap: float) -> list[Pair]:
@@ -414,11 +410,8 @@ def sequence_logprobs(model, records: list[Trajectory], mode: str, token_norm: b
 
 
 def pair_logprobs(model, pairs: list[Pair], mode: str, token_norm: bool) -> torch.Tensor:
-    """[P, 2]: (log pi(y_w|x), log pi(y_l|x)) per pair.
-
-    A choice-mode step pair costs one forward of its prefix: both actions are scored at the same
-    position (what follows that position cannot change its logits, attention being causal).
-    """
+    """[P, 2]: (log pi(y_w|x), log pi(y_l|x)) per pair. A choice-mode step pair costs one forward of its prefix: both
+    actions are scored at the same position (what follows it cannot change its logits, attention being causal)."""
     out: list = [None] * len(pairs)
     merged = [i for i, p in enumerate(pairs) if mode == "choice" and p.level == "step"]
     rest = [i for i in range(len(pairs)) if i not in set(merged)]
@@ -439,19 +432,16 @@ def pair_logprobs(model, pairs: list[Pair], mode: str, token_norm: bool) -> torc
     return torch.stack(out)
 
 
-def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int):
-    """Greedy episodes (temperature 0) on seeds disjoint from the search's task seeds."""
-    trajs = engine.run([envs.make(env_id) for _ in range(num)], [(1 << 40) + seed * 1000 + i for i in range(num)], env_id)
-    return trajs, {"success_rate": float(np.mean([t.success for t in trajs])),
-                   "episodic_return": float(np.mean([t.return_ for t in trajs])),
-                   "episode_length": float(np.mean([t.num_steps for t in trajs]))}
-
-
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = cli_with_resume(Args, RESUMABLE, "agentq_dpo.py")
     validate_args(args)
     device = resolve_device(args.device)
-    run_name = make_run_name(args.env_id, args.exp_name, args.seed)
+    run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
+    ckpt = Checkpointer(run_dir, args.checkpoint_every)  # one process: rank 0 of 1
+    resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
+    if resumed and args.total_iterations < resumed["counters"]["iteration"]:
+        raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration "
+                         f"{resumed['counters']['iteration']} already")
     try:
         probe = envs.make(args.env_id)  # fail fast on a bad --env-id, before loading a model
     except (ValueError, TypeError) as e:
@@ -466,39 +456,56 @@ if __name__ == "__main__":
         raise SystemExit("--temperature must be > 0 in free mode: k candidates are k samples")
 
     seed_everything(args.seed, args.torch_deterministic)
-    model, tokenizer = load_model(args.model, device, seed=args.seed)
-    ref_model, _ = load_model(args.model, device, seed=args.seed)  # the frozen initial policy of eq. 12.10
-    ref_model.requires_grad_(False)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    py_rng = random.Random(args.seed)
+    dtype = torch.float32 if args.lora_r == 0 else None  # trained weights in fp32 (bf16 rounds a 1e-5 step away)
+    model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     num_layers = len(model.get_decoder().layers)
-    if 0 < args.trainable_layers < num_layers:
+    top = 0 < args.trainable_layers < num_layers
+    if args.lora_r > 0:  # adapters on the trained layers (all if 0); every base weight frozen, B = 0: starts as the base
+        model = apply_lora(model, args.lora_r, args.lora_alpha,
+                           layers=range(num_layers - args.trainable_layers, num_layers) if top else None)
+    elif top:
         model.requires_grad_(False)
         for layer in model.get_decoder().layers[-args.trainable_layers:]:
             layer.requires_grad_(True)
         model.get_decoder().norm.requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
+    # the frozen initial policy of eq. 12.10; with LoRA, the policy with its adapters off (no second copy)
+    ref_model = model if args.lora_r else load_model(args.model, device, dtype, seed=args.seed)[0].requires_grad_(False)
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     model.eval()
+    gen, py_rng = torch.Generator(device=device).manual_seed(args.seed), random.Random(args.seed)
+    generators, first_iteration = {"search": gen, "shuffle": py_rng}, 1
+    if resumed:  # trained weights, AdamW moments and every RNG, as they were after the checkpoint's iteration
+        ckpt.restore(resumed, model, optimizer, generators=generators)
+        first_iteration = resumed["counters"]["iteration"] + 1
+        print0(f"resumed from {run_dir} at iteration {first_iteration - 1}")
     chat = ChatFormat(tokenizer)
     candidates = [chat.encode(n) for n in names] if mode == "choice" else None
     engine = RolloutEngine(model, tokenizer, RolloutConfig(action_mode=mode, temperature=0.0, max_turn_tokens=args.max_turn_tokens,
                                                            choice_token_norm=args.choice_token_norm))
-    tracker = Tracker(os.path.join(args.output_dir, run_name), vars(args), enabled=True)
-    print0(f"run {run_name}: {args.model} on {args.env_id}, {mode} mode, {args.num_tasks} trees x "
+    tracker = Tracker(run_dir, vars(args), resume_state=resumed and resumed["tracker"])
+    print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {mode} mode, {args.num_tasks} trees x "
            f"{args.num_simulations} simulations, k = {args.num_candidates}")
-    start, step = time.time(), 0
+    start = time.time()
 
     def run_eval(iteration: int):
+        """Greedy episodes (temperature 0, no RNG drawn) on seeds disjoint from the search's task seeds."""
         if args.eval_episodes > 0:
-            trajs, metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed)
+            n = args.eval_episodes
+            trajs = engine.run([envs.make(args.env_id) for _ in range(n)], [(1 << 40) + args.seed * 1000 + i for i in range(n)],
+                               args.env_id)
+            metrics = {"success_rate": float(np.mean([t.success for t in trajs])),
+                       "episodic_return": float(np.mean([t.return_ for t in trajs])),
+                       "episode_length": float(np.mean([t.num_steps for t in trajs]))}
             tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, iteration)
             tracker.trajectories(trajs, iteration, limit=1)
             print0(f"eval @ iter {iteration} | greedy success {metrics['success_rate']:.2f} "
                    f"| return {metrics['episodic_return']:.2f} | length {metrics['episode_length']:.1f}")
 
-    run_eval(0)
-    for iteration in range(1, args.total_iterations + 1):
+    if not resumed:
+        run_eval(0)
+    interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this iteration, save a checkpoint, exit
+    for iteration in range(first_iteration, args.total_iterations + 1):
         # ---- search: one MCTS tree per task, with the current policy ----
         t0 = time.time()
         seeds = [(args.seed * 100_000 + iteration) * 1_000 + i for i in range(args.num_tasks)]
@@ -515,18 +522,18 @@ if __name__ == "__main__":
                 pairs += trajectory_pair(tree, candidates, mode, args.min_q_gap)
 
         # ---- DPO against the frozen initial policy (eq. 12.10) ----
-        t1 = time.time()
+        t1, size = time.time(), args.pairs_per_step
         stats = {"loss": [], "chosen": [], "rejected": [], "grad_norm": []}
         if pairs:
-            with torch.no_grad():  # reference log-probs: once per iteration
-                ref = torch.cat([pair_logprobs(ref_model, pairs[i:i + args.pairs_per_step], mode, args.choice_token_norm)
-                                 for i in range(0, len(pairs), args.pairs_per_step)])
+            with torch.no_grad(), adapter_disabled(ref_model) as reference:  # reference log-probs: once per iteration
+                ref = torch.cat([pair_logprobs(reference, pairs[i:i + size], mode, args.choice_token_norm)
+                                 for i in range(0, len(pairs), size)])
             model.train()
             for epoch in range(args.dpo_epochs):
                 order = list(range(len(pairs)))
                 py_rng.shuffle(order)
-                for i in range(0, len(order), args.pairs_per_step):
-                    idx = order[i:i + args.pairs_per_step]
+                for i in range(0, len(order), size):
+                    idx = order[i:i + size]
                     logp = pair_logprobs(model, [pairs[j] for j in idx], mode, args.choice_token_norm)
                     loss, chosen_r, rejected_r = dpo_loss(logp[:, 0], logp[:, 1], ref[idx, 0], ref[idx, 1], args.beta)
                     optimizer.zero_grad()
@@ -543,25 +550,21 @@ if __name__ == "__main__":
 
         # ---- logging ----
         chosen, rejected = np.array(stats["chosen"] or [0.0]), np.array(stats["rejected"] or [0.0])
-        successes = [path[-1].termination == "success" for path, _ in episodes]
+        mean = lambda xs: float(np.mean(xs)) if xs else 0.0  # no pairs: 0 rather than NaN
         scalars = {
-            "charts/episodic_return": float(np.mean([ret for _, ret in episodes])),
-            "charts/success_rate": float(np.mean(successes)),
-            "charts/tree_success_rate": float(np.mean([any(p[-1].termination == "success" for p, _ in t) for t in sims])),
-            "charts/episode_length": float(np.mean([len(path) - 1 for path, _ in episodes])),
-            "charts/num_pairs": float(len(pairs)),
-            "charts/num_step_pairs": float(sum(p.level == "step" for p in pairs)),
-            "losses/dpo_loss": float(np.mean(stats["loss"])) if pairs else 0.0,
-            "diagnostics/chosen_reward": float(chosen.mean()),
-            "diagnostics/rejected_reward": float(rejected.mean()),
+            "charts/episodic_return": mean([ret for _, ret in episodes]),
+            "charts/success_rate": mean([path[-1].termination == "success" for path, _ in episodes]),
+            "charts/tree_success_rate": mean([any(p[-1].termination == "success" for p, _ in t) for t in sims]),
+            "charts/episode_length": mean([len(path) - 1 for path, _ in episodes]),
+            "charts/num_pairs": float(len(pairs)), "charts/num_step_pairs": float(sum(p.level == "step" for p in pairs)),
+            "losses/dpo_loss": mean(stats["loss"]),
+            "diagnostics/chosen_reward": float(chosen.mean()), "diagnostics/rejected_reward": float(rejected.mean()),
             "diagnostics/reward_margin": float((chosen - rejected).mean()),
             "diagnostics/reward_accuracy": float((chosen > rejected).mean()) if pairs else 0.0,
-            "diagnostics/q_gap_mean": float(np.mean([p.gap for p in pairs])) if pairs else 0.0,
-            "diagnostics/tree_nodes": float(np.mean([count_nodes(r) for r in roots])),
-            "diagnostics/grad_norm": float(np.mean(stats["grad_norm"])) if pairs else 0.0,
-            "perf/search_s": search_s,
-            "perf/update_s": update_s,
-            "perf/search_tokens_per_s": tokens / search_s,
+            "diagnostics/q_gap_mean": mean([p.gap for p in pairs]),
+            "diagnostics/tree_nodes": mean([count_nodes(r) for r in roots]),
+            "diagnostics/grad_norm": mean(stats["grad_norm"]),
+            "perf/search_s": search_s, "perf/update_s": update_s, "perf/search_tokens_per_s": tokens / search_s,
         }
         tracker.scalars(scalars, iteration)
         print0(f"iter {iteration}/{args.total_iterations} | search success {scalars['charts/success_rate']:.2f} "
@@ -570,11 +573,19 @@ if __name__ == "__main__":
                f"| acc {scalars['diagnostics/reward_accuracy']:.2f} | {search_s + update_s:.1f}s "
                f"(search {search_s:.1f}, update {update_s:.1f}) | {scalars['perf/search_tokens_per_s']:.0f} tok/s")
         run_eval(iteration)
+        stop = interrupt.should_stop()
+        if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:  # no buffer crosses iterations
+            ckpt.save({"iteration": iteration}, model, optimizer, generators=generators, tracker=tracker)
+            print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
+        if stop:
+            print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
+            tracker.close()
+            raise SystemExit(130)
+    interrupt.stop()
 
     if args.save_model:
-        path = os.path.join(args.output_dir, run_name, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        path = os.path.join(run_dir, "model")
+        save_model(model, tokenizer, path)  # with LoRA: the adapter only (+ the record of its base)
         print0(f"model saved to {path}")
-    print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
+    print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()

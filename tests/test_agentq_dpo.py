@@ -1,8 +1,13 @@
 """AgentQ's pieces: the DPO loss against hand-computed values, the tree's Q backup and UCB1, preference
-pairs that share their prefix token for token, DPO learning on `tiny`, and a two-iteration `--model tiny` run."""
+pairs that share their prefix token for token, DPO learning on `tiny`, and `--model tiny` runs: two iterations,
+checkpoint + resume == one uninterrupted run, a corrupt checkpoint, Ctrl-C, and LoRA (base frozen, adapter saved)."""
 
+import dataclasses
 import importlib.util
+import json
 import math
+import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +17,12 @@ import torch
 import torch.nn.functional as F
 
 import envs
+from common import checkpoint as ck
 from common.chat import ChatFormat
 from common.tracking import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "algorithms" / "agentq_dpo.py"
 spec = importlib.util.spec_from_file_location("agentq_dpo", ROOT / "algorithms" / "agentq_dpo.py")
 agentq = importlib.util.module_from_spec(spec)
 sys.modules["agentq_dpo"] = agentq
@@ -184,3 +191,133 @@ def test_tiny_run_two_iterations(tmp_path):
     # iteration 2: the policy has moved away from the reference
     assert scalars["diagnostics/chosen_reward"][1][1] != 0.0
     assert "iter 2/2" in proc.stdout
+
+
+
+# seed 1: the searches' returns differ between iterations and trees (non-zero Q gaps), and with 6 pairs in steps
+# of 2 the shuffle (python RNG) and AdamW's moments shape every iteration after the first
+RESUME_FLAGS = ["--model", "tiny", "--seed", "1", "--num-tasks", "2", "--num-simulations", "4", "--max-depth", "8",
+                "--dpo-epochs", "2", "--pairs-per-step", "2", "--min-q-gap", "0", "--eval-episodes", "1",
+                "--learning-rate", "1e-2"]
+
+
+def run_main(monkeypatch, *flags: str) -> dict:
+    """The script's main, in this process (a subprocess would pay ~5 s of imports per run); returns its globals."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *flags])
+    return runpy.run_path(str(SCRIPT), run_name="__main__")
+
+
+def only_run_dir(path: Path) -> Path:
+    (run_dir,) = [p for p in path.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def wall_clock(tag: str) -> bool:
+    return tag.startswith("perf/") and tag.endswith(("_s", "_per_s"))
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
+    """3 iterations in one go == 1 iteration with --checkpoint-every 1, then --resume to 3: every logged number
+    but wall-clock, at the same steps (weights, AdamW moments, the search and shuffle RNGs all restored)."""
+    run_main(monkeypatch, *RESUME_FLAGS, "--total-iterations", "3", "--output-dir", str(tmp_path / "a"))
+    reference = read_scalars(only_run_dir(tmp_path / "a"))
+    run_main(monkeypatch, *RESUME_FLAGS, "--total-iterations", "1", "--checkpoint-every", "1", "--output-dir",
+             str(tmp_path / "b"))
+    run_dir = only_run_dir(tmp_path / "b")
+    assert json.loads((run_dir / "checkpoint.json").read_text())["iteration"] == 1
+    state = ck.load_checkpoint(run_dir)
+    assert state["optimizer"]["state"] and set(state["rng"][0]["generators"]) == {"search", "shuffle"}
+    capsys.readouterr()
+    run_main(monkeypatch, "--resume", str(run_dir), "--total-iterations", "3")
+    out = capsys.readouterr().out
+    assert f"resumed from {run_dir} at iteration 1" in out and "iter 1/" not in out and "eval @ iter 0" not in out
+    assert "iter 3/3" in out and json.loads((run_dir / "checkpoint.json").read_text())["iteration"] == 3
+    resumed = read_scalars(run_dir)
+    assert set(resumed) == set(reference)
+    for tag in (t for t in reference if not wall_clock(t)):
+        assert [s for s, _ in resumed[tag]] == [s for s, _ in reference[tag]], tag  # nothing duplicated or missing
+        assert [v for _, v in resumed[tag]] == pytest.approx([v for _, v in reference[tag]], rel=0, abs=1e-6), tag
+    # the comparison has teeth: the search outcome changes over the iterations, and every iteration trained
+    assert len({v for _, v in reference["charts/episodic_return"]}) > 1
+    assert all(v > 0 for _, v in reference["diagnostics/grad_norm"])
+    assert reference["diagnostics/chosen_reward"][2][1] != 0.0
+
+
+def test_corrupt_checkpoint_and_changed_flags_fail_with_one_line(tmp_path, monkeypatch):
+    """Each fails before a model is loaded, with a SystemExit whose message is the one line the user sees."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(agentq.Args(model="tiny", total_iterations=3))))
+    path = ck.save_checkpoint(run_dir, {"weights": torch.arange(10_000.0)}, iteration=2)
+    path.write_bytes(path.read_bytes()[:20_000])  # truncated
+    with pytest.raises(SystemExit, match=f"checkpoint file {path} is truncated or corrupt"):
+        run_main(monkeypatch, "--resume", str(run_dir))
+    with pytest.raises(SystemExit, match="only .*may change, not --beta"):  # a flag that changes the algorithm
+        run_main(monkeypatch, "--resume", str(run_dir), "--beta", "0.5")
+    ck.save_checkpoint(run_dir, {"format": ck.FORMAT, "rng": [{}], "counters": {"iteration": 2}}, iteration=2)
+    with pytest.raises(SystemExit, match="--total-iterations 1: the checkpoint is at iteration 2"):
+        run_main(monkeypatch, "--resume", str(run_dir), "--total-iterations", "1")
+    with pytest.raises(SystemExit, match="--lora-r must be >= 0"):
+        agentq.validate_args(agentq.Args(lora_r=-1))
+    with pytest.raises(SystemExit, match="--checkpoint-every must be >= 0"):
+        agentq.validate_args(agentq.Args(checkpoint_every=-2))
+
+
+def test_ctrl_c_finishes_the_iteration_saves_and_exits_130(tmp_path, monkeypatch, capsys):
+    class CtrlCInFirstIteration(ck.GracefulInterrupt):
+        def should_stop(self):  # a real SIGINT, once the script's handler is known to be the one installed
+            if not self.requested:
+                assert signal.getsignal(signal.SIGINT) == self._handle
+                signal.raise_signal(signal.SIGINT)
+            return super().should_stop()
+
+    monkeypatch.setattr(ck, "GracefulInterrupt", CtrlCInFirstIteration)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run_main(monkeypatch, *agentq.SMOKE_TEST_ARGS, "--model", "tiny", "--total-iterations", "50", "--output-dir",
+                     str(tmp_path))
+    finally:  # the script exits (130) with its handlers in place: give pytest its Ctrl-C back
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    out, run_dir = capsys.readouterr().out, only_run_dir(tmp_path)
+    assert exit_info.value.code == 130 and "SIGINT: finishing this iteration" in out
+    assert json.loads((run_dir / "checkpoint.json").read_text())["iteration"] == 1  # periodic saving was off
+    assert f"checkpoint saved in {run_dir} (iteration 1)" in out and "iter 2/50" not in out
+    assert f"--resume {run_dir}" in out
+
+
+def test_lora_trains_only_the_adapter_and_saves_it(tmp_path, monkeypatch):
+    """With --lora-r the base weights stay bit for bit those of the initial model, the reference is the same
+    model with its adapters off, and --save-model writes the adapter only, which load_model rebuilds."""
+    from safetensors import safe_open
+
+    from common.models import adapter_disabled, is_peft, load_model
+
+    run = run_main(monkeypatch, "--model", "tiny", "--output-dir", str(tmp_path), *agentq.SMOKE_TEST_ARGS,
+                   "--lora-r", "4", "--learning-rate", "1e-2", "--save-model")
+    model = run["model"]
+    assert is_peft(model) and run["ref_model"] is model  # no second copy of the weights
+    assert all(("lora_A" in n or "lora_B" in n) == p.requires_grad for n, p in model.named_parameters())
+    base, tok = load_model("tiny", "cpu", seed=agentq.Args.seed)  # the run's initial weights
+    after = {k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v
+             for k, v in model.state_dict().items() if "lora_" not in k}
+    assert set(after) == set(base.state_dict())
+    assert [k for k, v in base.state_dict().items() if not torch.equal(v, after[k])] == []  # the base did not move
+    assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)  # B = 0 at the start: trained
+    ids = torch.tensor([tok.encode("<|im_start|>user\nmove up<|im_end|>")])
+    with torch.no_grad():
+        trained = model(input_ids=ids).logits
+        with adapter_disabled(model) as ref:
+            assert torch.equal(ref(input_ids=ids).logits, base(input_ids=ids).logits)  # the reference = initial policy
+        assert not torch.allclose(trained, base(input_ids=ids).logits)
+    saved = only_run_dir(tmp_path) / "model"
+    names = {p.name for p in saved.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "agentrl_base.json"} <= names
+    assert not names & {"model.safetensors", "pytorch_model.bin", "config.json"}
+    with safe_open(str(saved / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert keys and all("lora_A" in k or "lora_B" in k for k in keys)
+    loaded, _ = load_model(str(saved), "cpu")
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, trained)
