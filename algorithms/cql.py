@@ -16,6 +16,10 @@ same network with cross-entropy on the data's actions (softmax over Q as logits)
 that on seed 003 §4's filtered demonstrations only (success, no hesitant runs, none over-long).
 Every `--eval-every` updates the greedy policy argmax_a Q(s, a) plays the environment online.
 
+Under torchrun every rank draws the same global minibatch of `--minibatch-size` transitions (same seed) and
+takes a disjoint 1/world slice of it; the gradients are averaged over ranks, so N processes make the updates
+of one. The frozen LM's state encoding is split over the ranks and gathered; evaluation runs on rank 0 only.
+
 Usage:
     python algorithms/cql.py                                        # smollm2-135m (frozen), GridWorld, 200 suboptimal episodes
                                                                     # (encoding ~800 states: ~7 CPU-min; updates + evals: minutes)
@@ -25,6 +29,7 @@ Usage:
     python algorithms/cql.py --model tiny --total-updates 50 --dataset-episodes 8   # seconds, for a smoke test
     python algorithms/cql.py --train-backbone --device cuda         # fine-tune the LM too (one forward per batch)
     python algorithms/cql.py --train-backbone --lora-r 16 --device cuda   # ... or LoRA adapters on it
+    torchrun --nproc_per_node 2 algorithms/cql.py --model tiny --total-updates 50 --dataset-episodes 8  # data parallel
     python algorithms/cql.py --checkpoint-every 500                 # then, after a crash or Ctrl-C:
     python algorithms/cql.py --resume runs/<run> [--total-updates 6000]
 
@@ -59,6 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import tyro
 from torch import nn
@@ -66,7 +72,7 @@ from torch import nn
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import print0, seed_everything
+from common.distributed import all_reduce_mean, dist_info, init_distributed, print0, rank_param_divergence, seed_everything
 from common.models import apply_lora, load_model, resolve_device, save_model
 from common.offline import collect, dataset_stats, filter_demonstrations, load_dataset, transitions, write_dataset
 from common.records import Trajectory, Turn
@@ -122,7 +128,7 @@ class Args:
     total_updates: int = 3000
     """gradient updates"""
     minibatch_size: int = 128
-    """transitions per update"""
+    """transitions per update, over all processes (torchrun: each rank takes minibatch_size / world_size of them)"""
     learning_rate: float = 3e-4
     """Adam learning rate of the Q head"""
     backbone_learning_rate: float = 1e-5
@@ -155,6 +161,8 @@ class Args:
     """transitions in the training data (after filtering)"""
     num_states: tyro.conf.Suppress[int] = 0
     """distinct state texts in the training data"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """number of processes (torchrun)"""
 
 
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
@@ -186,6 +194,8 @@ def validate_args(args: Args):
         problems.append(f"--dataset {args.dataset} does not exist")
     if args.lora_r > 0 and not args.train_backbone:
         problems.append("--lora-r needs --train-backbone (the frozen LM has nothing to adapt)")
+    if args.minibatch_size % dist_info()[2]:  # torchrun: equal slices of the global minibatch
+        problems.append(f"--minibatch-size {args.minibatch_size} must be divisible by the {dist_info()[2]} processes")
     if problems:
         raise SystemExit("cql.py: " + "; ".join(problems))
 
@@ -283,9 +293,11 @@ if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "cql.py")
     validate_args(args)
     device = resolve_device(args.device)
+    rank, _, world = init_distributed(device)  # torchrun: data parallel over each minibatch
+    args.world_size = world
     run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
     run_name = os.path.basename(run_dir)
-    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, world)
     resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
     if resumed and args.total_updates < resumed["counters"]["iteration"]:
         raise SystemExit(f"--total-updates {args.total_updates}: the checkpoint is at update "
@@ -322,7 +334,8 @@ if __name__ == "__main__":
                         model=(model, tokenizer), device=str(device))
         meta = {"env_id": args.env_id, "env_kwargs": {}, "quality": args.dataset_quality, "seed": args.seed,
                 "epsilon": args.dataset_epsilon if args.dataset_quality == "suboptimal" else None}
-        write_dataset(os.path.join(run_dir, "dataset.jsonl"), trajs, meta)
+        if rank == 0:  # every rank collected the same (seeded) episodes; one writes them
+            write_dataset(os.path.join(run_dir, "dataset.jsonl"), trajs, meta)
         print0(f"collected {len(trajs)} {args.dataset_quality} episodes in {time.time() - t0:.1f}s")
     stats = dataset_stats(trajs)
     print0(f"dataset: {stats['episodes']} episodes, {stats['num_steps']} transitions, success {stats['success_rate']:.2f}, "
@@ -352,9 +365,12 @@ if __name__ == "__main__":
     S, A, R, S2, D = (torch.tensor(x, device=device) for x in (s_idx, actions, rewards, s2_idx, dones))
     R, D = R.float(), D.float()
     args.num_transitions, args.num_states = len(s_idx), len(state_index)
-    tracker = Tracker(run_dir, vars(args), resume_state=resumed and resumed["tracker"])
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
 
     head = QHead(args.head, model.config.hidden_size, args.head_hidden, len(action_names)).to(device)
+    if world > 1:  # identical starting weights on every rank (the head's and LoRA's inits draw random numbers)
+        for p in [*head.parameters(), *(body.parameters() if args.train_backbone else ())]:
+            dist.broadcast(p.data, src=0)
     if args.train_backbone:
         body.train()
         target_body = copy.deepcopy(body).requires_grad_(False).eval()
@@ -364,6 +380,7 @@ if __name__ == "__main__":
         body.requires_grad_(False)
         params = [{"params": head.parameters(), "lr": args.learning_rate}]
     optimizer = torch.optim.Adam(params)
+    trainable = [p for g in optimizer.param_groups for p in g["params"]]
 
     def encode(ids_list: list[list[int]], encoder=body) -> torch.Tensor:
         order = sorted(range(len(ids_list)), key=lambda i: len(ids_list[i]))  # similar lengths: little padding
@@ -374,15 +391,25 @@ if __name__ == "__main__":
                 out[i] = f
         return torch.stack(out)
 
+    def encode_split(ids_list: list[list[int]]) -> torch.Tensor:
+        """torchrun: each rank encodes every world-th state (shares padded to one size), then all gather them."""
+        if world == 1:
+            return encode(ids_list)
+        size, share = -(-len(ids_list) // world), ids_list[rank::world]
+        mine = encode(share + [ids_list[0]] * (size - len(share)))
+        parts = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(parts, mine.contiguous())
+        return torch.stack(parts, 1).flatten(0, 1)[:len(ids_list)]  # row i * world + r: rank r's i-th state
+
     t0 = time.time()
     features = None
     if not args.train_backbone:  # the speed-up: the frozen LM sees each distinct state exactly once
         with torch.no_grad():
-            features = encode(all_ids)
+            features = encode_split(all_ids)
         sample = features
     else:  # the standardisation comes from the initial LM's features of (up to 1024 of) the training states
         with torch.no_grad():
-            sample = encode([all_ids[i] for i in torch.randperm(len(all_ids), generator=torch.Generator().manual_seed(
+            sample = encode_split([all_ids[i] for i in torch.randperm(len(all_ids), generator=torch.Generator().manual_seed(
                 args.seed))[:1024].tolist()])
     head.mean.copy_(sample.mean(0))
     std = sample.std(0, unbiased=False)
@@ -401,7 +428,10 @@ if __name__ == "__main__":
         return hd(encode([all_ids[i] for i in idx.tolist()], body if bd is None else bd))
 
     def evaluate(step: int) -> None:
-        """Greedy episodes (argmax_a Q) in lockstep, online in the environment, on fresh seeds."""
+        """Greedy episodes (argmax_a Q) in lockstep, online in the environment, on fresh seeds (rank 0 only: the
+        other ranks go on to the next update's all-reduce and wait there)."""
+        if rank != 0:
+            return
         t_eval = time.time()
         env_list = [envs.make(args.env_id, **env_kwargs) for _ in range(args.eval_episodes)]
         seeds = [(1 << 40) + args.seed * 1000 + i for i in range(args.eval_episodes)]
@@ -457,7 +487,8 @@ if __name__ == "__main__":
     start, t_log = time.time(), time.time()
     interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this update, save a checkpoint, exit
     for update in range(first_update, args.total_updates + 1):
-        batch = torch.randint(len(s_idx), (args.minibatch_size,), generator=gen).to(device)
+        batch = torch.randint(len(s_idx), (args.minibatch_size,), generator=gen)  # the same on every rank
+        batch = batch.view(world, -1)[rank].to(device)  # torchrun: this rank's disjoint slice of it
         s, a = S[batch], A[batch]
         q = q_values(s)
         if args.mode == "cql":
@@ -472,7 +503,11 @@ if __name__ == "__main__":
             logs = {"losses/bc_loss": loss.item()}
         optimizer.zero_grad()
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], args.max_grad_norm)
+        if world > 1:  # equal slices: each rank's mean is its sum / (B / world), the global denominator, and the
+            for p in trainable:  # average of the ranks' gradients is one process's gradient on the whole minibatch
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
         optimizer.step()
         if args.mode == "cql" and update % args.target_update_every == 0:
             soft_update(target_head, head, args.tau)
@@ -487,8 +522,10 @@ if __name__ == "__main__":
             sums[k] = sums.get(k, 0.0) + v
         if update % args.log_every == 0 or update == args.total_updates:
             n = sums.pop("n")
-            means = {k: v / n for k, v in sums.items()}
+            means = all_reduce_mean({k: v / n for k, v in sums.items()})  # equal slices: the global minibatch's
             means["perf/updates_per_s"] = n / (time.time() - t_log)
+            if world > 1:  # every rank applied the same averaged update: their weights must agree exactly
+                means["diagnostics/rank_param_divergence"] = rank_param_divergence([*trainable, *target_head.parameters()])
             tracker.scalars(means, update)
             print0(f"update {update}/{args.total_updates} | loss {means['losses/loss']:.4f} "
                    + (f"| td {means['losses/td_loss']:.4f} | cql {means['losses/cql_regulariser']:.4f} "
@@ -503,6 +540,7 @@ if __name__ == "__main__":
             trained_names = {n for n, p in body.named_parameters() if p.requires_grad}  # the target LM: that part
             target_lm = {n: p.detach().cpu().clone() for n, p in target_body.named_parameters()
                          if n in trained_names} if args.train_backbone else {}
+            sums = all_reduce_mean(sums) if sums else sums  # the ranks' log windows as one (the logged means agree)
             ckpt.save({"iteration": update}, trained, optimizer, generators={"minibatch": gen}, tracker=tracker,
                       extra={"target_head": target_head.state_dict(), "target_body": target_lm, "log_sums": dict(sums)})
             print0(f"checkpoint saved in {run_dir} (update {update})")
@@ -512,7 +550,7 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
-    if args.save_model:
+    if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
         save_model(model, tokenizer, path)  # with LoRA: the adapter only
         torch.save(head.state_dict(), os.path.join(path, "q_head.pt"))
@@ -522,3 +560,5 @@ if __name__ == "__main__":
         print0(f"model and Q head saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {tracker.run_dir}")
     tracker.close()
+    if world > 1:
+        dist.destroy_process_group()

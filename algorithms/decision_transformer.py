@@ -19,6 +19,10 @@ Here the "tokens" of the paper are text: each step is written as
 in plain text (no chat template), and the action is chosen by scoring every name in env.action_names
 (argmax of the joint log-prob of its tokens, one batched forward over a KV cache), so it is always valid.
 
+Under torchrun every rank draws the same global minibatch of `--minibatch-size` windows (same seed) and trains
+on a disjoint 1/world slice of it; the loss divides by the global action-token count / world and the gradients
+are averaged over ranks, so N processes make the updates of one. Evaluation (and the sweep) runs on rank 0 only.
+
 Usage:
     python algorithms/decision_transformer.py                                # smollm2-135m, GridWorld, suboptimal data, CPU
                                                                              # (46-55 s per update on the shared 2-core CPU; see docs)
@@ -28,6 +32,7 @@ Usage:
     python algorithms/decision_transformer.py --dataset datasets/gridworld_suboptimal.jsonl
     python algorithms/decision_transformer.py --trainable-layers 0           # train the whole model
     python algorithms/decision_transformer.py --device cuda                  # one GPU
+    torchrun --nproc_per_node 2 algorithms/decision_transformer.py --model tiny --train-steps 20  # data parallel
     python algorithms/decision_transformer.py --lora-r 8 --save-model       # LoRA adapters; saves the adapter only
     python algorithms/decision_transformer.py --checkpoint-every 50          # then, after a crash or Ctrl-C:
     python algorithms/decision_transformer.py --resume runs/<run> [--train-steps 400]
@@ -41,8 +46,7 @@ Where this departs from the paper / seed:
 - Returns-to-go are written as decimal text, divided by `--rtg-scale` and rounded to `--rtg-decimals`
   (the paper feeds a scaled scalar through a linear embedding).
 - Actions are discrete names scored in choice mode (argmax), not regressed or sampled.
-- One process (no torchrun path): the datasets are small. The LM head is applied only where an action token
-  is predicted (the loss is the same; a test holds it).
+- The LM head is applied only where an action token is predicted (the loss is the same; a test holds it).
 - The return-to-go is text, not a separate embedding: every trained weight is in the LM, so a checkpoint
   (`--checkpoint-every`, `--resume`) and `--save-model` (the adapter only with `--lora-r`) hold just the LM's.
 """
@@ -61,12 +65,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import print0, seed_everything
+from common.distributed import (all_reduce_mean, dist_info, global_loss_denominator, init_distributed, print0,
+                                rank_param_divergence, seed_everything)
 from common.models import apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import score_candidates
@@ -111,7 +117,7 @@ class Args:
     train_steps: int = 200
     """gradient steps"""
     minibatch_size: int = 8
-    """windows per gradient step"""
+    """windows per gradient step, over all processes (torchrun: each rank takes minibatch_size / world_size of them)"""
     learning_rate: float = 1e-4
     """AdamW learning rate"""
     weight_decay: float = 1e-4
@@ -144,6 +150,8 @@ class Args:
     # filled in at runtime
     dataset_steps: tyro.conf.Suppress[int] = 0
     """training windows (= steps) in the dataset"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """number of processes (torchrun)"""
 
 
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
@@ -175,6 +183,8 @@ def validate_args(args: Args):
         problems.append("--dataset-epsilon must be in [0, 1]")
     if args.dataset and not os.path.isfile(args.dataset):
         problems.append(f"--dataset {args.dataset!r} is not a file")
+    if args.minibatch_size % dist_info()[2]:  # torchrun: equal slices of the global minibatch
+        problems.append(f"--minibatch-size {args.minibatch_size} must be divisible by the {dist_info()[2]} processes")
     if problems:
         raise SystemExit("decision_transformer.py: " + "; ".join(problems))
 
@@ -241,20 +251,23 @@ def training_window(fmt: StepFormat, traj: Trajectory, end: int, context_len: in
     return fmt.window([(rtg[t], observations[t], actions[t]) for t in range(start, end + 1)])
 
 
-def dt_loss(hidden: torch.Tensor, head, input_ids: torch.Tensor, loss_mask: torch.Tensor):
+def dt_loss(hidden: torch.Tensor, head, input_ids: torch.Tensor, loss_mask: torch.Tensor, denominator: float = 0.0):
     """Cross-entropy on action tokens only: −Σ_j m_j log p(x_j | x_<j) / Σ_j m_j (seed 001 source mask).
 
     hidden [B, T, H]: the LM body's last hidden states; head: the LM head; input_ids, loss_mask [B, T] (mask 1
     on action-name tokens, 0 on everything else, padding included). Token j is predicted from position j − 1,
     and the head is applied only where m_j = 1: the 49152-wide vocabulary projection of every context token
-    would cost more than the top layers' backward. Returns (loss, accuracy of the masked tokens).
+    would cost more than the top layers' backward. `denominator` (default Σ_j m_j) divides the sum; under
+    torchrun it is the global Σ_j m_j / world, so the averaged gradients are those of the whole minibatch
+    (common.distributed.global_loss_denominator). Returns (loss, accuracy of the masked tokens).
     """
     predicts_action = loss_mask[:, 1:].bool()
     logits = head(hidden[:, :-1][predicts_action]).float()  # [N, V], N = Σ m_j
     targets = input_ids[:, 1:][predicts_action]
-    loss = F.cross_entropy(logits, targets) if len(targets) else logits.sum() * 0.0
+    denominator = denominator or max(len(targets), 1)
+    loss = F.cross_entropy(logits, targets, reduction="sum") / denominator
     with torch.no_grad():
-        accuracy = (logits.argmax(-1) == targets).float().mean() if len(targets) else torch.tensor(0.0)
+        accuracy = (logits.argmax(-1) == targets).float().sum() / denominator
     return loss, accuracy
 
 
@@ -329,8 +342,10 @@ if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "decision_transformer.py")
     validate_args(args)
     device = resolve_device(args.device)
+    rank, _, world = init_distributed(device)  # torchrun: data parallel over each minibatch
+    args.world_size = world
     run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
-    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, world)
     resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
     if resumed and args.train_steps < resumed["counters"]["iteration"]:
         raise SystemExit(f"--train-steps {args.train_steps}: the checkpoint is at step {resumed['counters']['iteration']} already")
@@ -374,13 +389,16 @@ if __name__ == "__main__":
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     params = [p for p in model.parameters() if p.requires_grad]
+    if world > 1:  # identical starting weights on every rank (LoRA's initialisation draws random numbers)
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     fmt = StepFormat(tokenizer, args.rtg_scale, args.rtg_decimals)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rng = random.Random(args.seed)  # window sampling: the only generator the training loop draws from
     generators = {"windows": rng}
 
-    tracker = Tracker(run_dir, vars(args), enabled=True, resume_state=resumed and resumed["tracker"])
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
     first_step = 1
     if resumed:  # weights (trained part), AdamW moments, every RNG and the step, as after the checkpoint's step
         ckpt.restore(resumed, model, optimizer, generators=generators)
@@ -405,14 +423,16 @@ if __name__ == "__main__":
         print0(f"eval @ step {step} | R*={res['target']:.2f} | return {res['episodic_return']:.2f} "
                f"| success {res['success_rate']:.2f} | length {res['episode_length']:.1f}")
 
-    if args.eval_every > 0 and not resumed:
+    if args.eval_every > 0 and not resumed and rank == 0:  # evaluation: rank 0 alone (the others wait at an all-reduce)
         log_main(0, run_eval(0, [target])[0])
     start = time.time()
     interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this step, save a checkpoint, exit
     for step in range(first_step, args.train_steps + 1):
         # ---- a batch of K-step windows, uniform over the dataset's steps ----
         t1 = time.time()
-        batch = [training_window(fmt, dataset[i], t, args.context_len) for i, t in rng.choices(windows, k=args.minibatch_size)]
+        picks = rng.choices(windows, k=args.minibatch_size)  # the global minibatch: the same on every rank
+        local = args.minibatch_size // world  # torchrun: this rank's disjoint slice of it
+        batch = [training_window(fmt, dataset[i], t, args.context_len) for i, t in picks[rank * local:(rank + 1) * local]]
         input_ids = pad_right([ids for ids, _ in batch], pad_id).to(device)
         loss_mask = pad_right([m for _, m in batch], 0).to(device)
         attention = pad_right([[1] * len(ids) for ids, _ in batch], 0).to(device)
@@ -420,19 +440,27 @@ if __name__ == "__main__":
         model.train()
         with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
             hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
-            loss, accuracy = dt_loss(hidden, model.get_output_embeddings(), input_ids, loss_mask)
+            denominator = global_loss_denominator(loss_mask[:, 1:].sum().item())  # action tokens, all ranks / world
+            loss, accuracy = dt_loss(hidden, model.get_output_embeddings(), input_ids, loss_mask, denominator)
         optimizer.zero_grad()
         loss.backward()
+        if world > 1:  # the average of the ranks' gradients: one process's on the whole minibatch
+            for p in params:
+                dist.all_reduce(p.grad)
+                p.grad /= world
         grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
         optimizer.step()
         update_s = time.time() - t1
-        tracker.scalars({"losses/action_loss": loss.item(), "diagnostics/action_token_accuracy": accuracy.item(),
-                         "diagnostics/grad_norm": grad_norm, "perf/update_s": update_s,
-                         "perf/train_tokens_per_s": attention.sum().item() / update_s}, step)
+        m = all_reduce_mean({"losses/action_loss": loss.item(), "diagnostics/action_token_accuracy": accuracy.item(),
+                             "perf/update_s": update_s, "tokens": attention.sum().item()})  # sums / global count
+        m.update({"diagnostics/grad_norm": grad_norm, "perf/train_tokens_per_s": m.pop("tokens") * world / update_s})
+        if world > 1:  # every rank applied the same averaged update: their weights must agree exactly
+            m["diagnostics/rank_param_divergence"] = rank_param_divergence(params)
+        tracker.scalars(m, step)
         if step == 1 or step % 25 == 0 or step == args.train_steps:
-            print0(f"step {step}/{args.train_steps} | loss {loss.item():.4f} | action-token acc {accuracy.item():.2f} "
-                   f"| {update_s:.2f}s/step | {time.time() - start:.0f}s")
-        if args.eval_every > 0 and step % args.eval_every == 0 and step != args.train_steps:
+            print0(f"step {step}/{args.train_steps} | loss {m['losses/action_loss']:.4f} | action-token acc "
+                   f"{m['diagnostics/action_token_accuracy']:.2f} | {update_s:.2f}s/step | {time.time() - start:.0f}s")
+        if args.eval_every > 0 and step % args.eval_every == 0 and step != args.train_steps and rank == 0:
             log_main(step, run_eval(step, [target])[0])
         stop = interrupt.should_stop()
         if ckpt.due(step, last=step == args.train_steps) or stop:  # before the final sweep: --resume extends
@@ -444,27 +472,30 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
-    # ---- final evaluation: R* = target, then the sweep over R* (return conditioning) ----
-    final = run_eval(args.train_steps, list(dict.fromkeys([target] + sweep)))
-    log_main(args.train_steps, final[0])
-    by_target = {r["target"]: r for r in final}
-    achieved = [by_target[v]["episodic_return"] for v in sweep]
-    for index, value in enumerate(sweep):
-        res = by_target[value]
-        # x = sweep index: TensorBoard draws achieved return against the (increasing) R* it was asked for
-        tracker.scalars({"eval/rtg_sweep_target": value, "eval/rtg_sweep_return": res["episodic_return"],
-                         "eval/rtg_sweep_success_rate": res["success_rate"]}, index)
-        tracker.scalars({f"eval/episodic_return_rtg_{value:g}": res["episodic_return"]}, args.train_steps)
-        print0(f"sweep R*={value:6.2f} -> return {res['episodic_return']:6.2f} | success {res['success_rate']:.2f} "
-               f"| length {res['episode_length']:.1f}")
-    # Pearson correlation between asked and achieved return (0 when either side is constant)
-    corr = float(np.corrcoef(sweep, achieved)[0, 1]) if len(sweep) > 1 and np.std(achieved) > 0 else 0.0
-    tracker.scalars({"eval/rtg_correlation": corr if math.isfinite(corr) else 0.0}, args.train_steps)
-    print0(f"return conditioning: corr(R*, achieved return) = {corr:.2f}")
+    # ---- final evaluation (rank 0): R* = target, then the sweep over R* (return conditioning) ----
+    if rank == 0:
+        final = run_eval(args.train_steps, list(dict.fromkeys([target] + sweep)))
+        log_main(args.train_steps, final[0])
+        by_target = {r["target"]: r for r in final}
+        achieved = [by_target[v]["episodic_return"] for v in sweep]
+        for index, value in enumerate(sweep):
+            res = by_target[value]
+            # x = sweep index: TensorBoard draws achieved return against the (increasing) R* it was asked for
+            tracker.scalars({"eval/rtg_sweep_target": value, "eval/rtg_sweep_return": res["episodic_return"],
+                             "eval/rtg_sweep_success_rate": res["success_rate"]}, index)
+            tracker.scalars({f"eval/episodic_return_rtg_{value:g}": res["episodic_return"]}, args.train_steps)
+            print0(f"sweep R*={value:6.2f} -> return {res['episodic_return']:6.2f} | success {res['success_rate']:.2f} "
+                   f"| length {res['episode_length']:.1f}")
+        # Pearson correlation between asked and achieved return (0 when either side is constant)
+        corr = float(np.corrcoef(sweep, achieved)[0, 1]) if len(sweep) > 1 and np.std(achieved) > 0 else 0.0
+        tracker.scalars({"eval/rtg_correlation": corr if math.isfinite(corr) else 0.0}, args.train_steps)
+        print0(f"return conditioning: corr(R*, achieved return) = {corr:.2f}")
 
-    if args.save_model:
-        path = os.path.join(run_dir, "model")
-        save_model(model, tokenizer, path)  # with LoRA: the adapter only (+ the base's name for load_model)
-        print0(f"model saved to {path}")
+        if args.save_model:
+            path = os.path.join(run_dir, "model")
+            save_model(model, tokenizer, path)  # with LoRA: the adapter only (+ the base's name for load_model)
+            print0(f"model saved to {path}")
     print0(f"done in {time.time() - t0:.0f}s; logs in {run_dir}")
     tracker.close()
+    if world > 1:
+        dist.destroy_process_group()

@@ -1,5 +1,6 @@
 """Decision Transformer: returns-to-go by hand, the action-only loss mask token by token, the loss itself,
-train/inference prompt agreement, R̂ decremented by the rewards received, and a `--model tiny` run on CPU."""
+train/inference prompt agreement, R̂ decremented by the rewards received, `--model tiny` runs on CPU (learning,
+resume, LoRA), and torchrun (2 gloo ranks == 1 process on the same global minibatch)."""
 
 import importlib.util
 import subprocess
@@ -10,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import envs
 from common.offline import collect, write_dataset
 from common.records import Trajectory, Turn
 from common.tracking import read_scalars
@@ -267,3 +267,66 @@ def test_lora_trains_only_the_adapter_and_saves_an_adapter_load_model_reads(tmp_
         assert torch.equal(p, base_sd[original]), name  # base weights unchanged
         checked += 1
     assert checked >= len(base_sd) - 1 and moved > 0
+
+
+def test_minibatch_must_split_evenly_over_torchrun_processes(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets; validate_args reads it before any process group
+    with pytest.raises(SystemExit, match="--minibatch-size 3 must be divisible by the 2 processes"):
+        dt.validate_args(dt.Args(minibatch_size=3))
+    dt.validate_args(dt.Args(minibatch_size=4))
+
+
+def test_dt_loss_with_the_global_denominator_sums_to_the_whole_batch_loss():
+    """Two ranks' slices with unequal action-token counts (3 and 1): each divides its sum by the global count / 2,
+    and the mean of the two losses (what averaged gradients follow) is the whole batch's token mean."""
+    torch.manual_seed(1)
+    hidden, ids = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 0, 1, 0]])
+    whole, _ = dt.dt_loss(hidden, torch.nn.Identity(), ids, mask)
+    halves = [dt.dt_loss(hidden[r:r + 1], torch.nn.Identity(), ids[r:r + 1], mask[r:r + 1], 4 / 2)[0] for r in (0, 1)]
+    assert ((halves[0] + halves[1]) / 2).item() == pytest.approx(whole.item(), abs=1e-6)
+    local = [dt.dt_loss(hidden[r:r + 1], torch.nn.Identity(), ids[r:r + 1], mask[r:r + 1])[0] for r in (0, 1)]
+    assert ((local[0] + local[1]) / 2).item() != pytest.approx(whole.item(), abs=1e-3)  # local means: not the same
+
+
+@pytest.mark.parametrize("resume", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["straight", "resumed"])
+def test_torchrun_two_ranks_equal_one_process_and_stay_in_sync(tmp_path, resume):
+    """1 process x minibatch 4 vs 2 gloo ranks x 2 windows (the same global minibatch, split), 4 steps (resumed: 2
+    with a checkpoint, then --resume under torchrun). Losses, gradient norms, evaluations and the saved weights
+    match the 1-process run up to float noise (other padding widths), and the ranks' weights agree at every step."""
+    import socket
+
+    from safetensors.torch import load_file
+
+    def torchrun(*args):
+        with socket.socket() as s:  # a free port: other tests may run torchrun at the same time
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                               str(port), *args], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc
+
+    flags = ["--minibatch-size", "4", "--eval-every", "3"]  # evaluations at 0, 3 and the final one at 4
+    one = subprocess.Popen(_dt_cmd(*flags, "--train-steps", "4", "--save-model", "--output-dir", str(tmp_path / "one")),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    steps = ["--train-steps", "2", "--checkpoint-every", "2"] if resume else ["--train-steps", "4", "--save-model"]
+    proc = torchrun(*_dt_cmd(*flags, *steps, "--output-dir", str(tmp_path / "two"))[1:])
+    (run_dir,) = (tmp_path / "two").iterdir()  # rank 0 alone writes
+    assert proc.stdout.count(f"step {steps[1]}/{steps[1]} ") == 1  # print0: the last step's line, once
+    if resume:
+        proc = torchrun(str(ROOT / "algorithms" / "decision_transformer.py"), "--resume", str(run_dir), "--train-steps",
+                        "4", "--save-model")
+        assert f"resumed from {run_dir} at step 2" in proc.stdout
+    _, err = one.communicate(timeout=300)
+    assert one.returncode == 0, err[-3000:]
+    got, expected = read_scalars(run_dir), read_scalars(next((tmp_path / "one").iterdir()))
+    assert got["diagnostics/rank_param_divergence"] == [(step, 0.0) for step in range(1, 5)]
+    for tag in ("losses/action_loss", "diagnostics/action_token_accuracy", "diagnostics/grad_norm", "eval/episodic_return",
+                "eval/rtg_sweep_return"):
+        assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-5), tag
+    weights = [load_file(d / "model" / "model.safetensors") for d in (run_dir, next((tmp_path / "one").iterdir()))]
+    for name, value in weights[1].items():
+        torch.testing.assert_close(weights[0][name], value, rtol=1e-4, atol=1e-5)
+    assert all(v > 0 for _, v in got["diagnostics/grad_norm"])
