@@ -1,50 +1,41 @@
 # docs: docs/hybrid_planner.md
 """Hybrid agent: an LLM planner called rarely + an RL controller called every step (seed 003 §5, §7-8).
 
-The planner reads the observation and returns a short plan: subgoals, each with the observation it
-expects when the subgoal is done (seed 003's third design: "预期观察"). The controller, a small Q-network
-over the grid conditioned on the current subgoal, picks every move, and may call skills from a skill
-library even when they are not the current subgoal. The agent replans when the expected observation
-has not appeared within a bound (3 steps past the subgoal's expected duration), when the plan is
-exhausted, or every N steps; each trigger is a flag and each replanning is logged with its cause.
-
-`--planner llm` is the hybrid, `--planner oracle` the same controller under a shortest-path planner
-(the upper bound on planning), `--planner none` the controller alone on the environment reward (pure RL).
-The pure-LLM agent of seed 003's table is `benchmarks/zero_shot.py --action-mode choice`.
+The planner returns subgoals, each with the observation it expects when done (seed 003's "预期观察"); a small
+Q-network conditioned on the current subgoal picks every move or skill. The agent replans when an expectation is
+violated (3 steps past the subgoal's expected duration), when the plan is exhausted, or every N steps. `--planner
+llm` is the hybrid, `oracle` the same controller under a shortest-path planner (the upper bound), `none` the
+controller alone (pure RL); the pure-LLM agent is `benchmarks/zero_shot.py --action-mode choice`.
 
 Usage:
     python algorithms/hybrid_planner.py                                   # smollm2-135m planner, seed-003 GridWorld, CPU
     python algorithms/hybrid_planner.py --planner none                    # pure RL: the controller alone
-    python algorithms/hybrid_planner.py --env-id gridworld-procedural --eval-env-kwargs '{"split": "test"}'
     python algorithms/hybrid_planner.py --model tiny --total-episodes 40  # seconds, for a smoke test
     python algorithms/hybrid_planner.py --device cuda                     # the planner on one GPU
+    torchrun --nproc_per_node=2 algorithms/hybrid_planner.py              # 2 processes (add --device cuda: a GPU each)
     python algorithms/hybrid_planner.py --checkpoint-every 100            # then, after a crash or Ctrl-C:
     python algorithms/hybrid_planner.py --resume runs/<run> [--total-episodes 1200]
     python benchmarks/hybrid_three_way.py                                 # seed 003's three-way table
 
-Copying this file out: it needs `common/` (model loading, chat format, candidate scoring, tracking,
-checkpoints) and `envs/gridworld.py`.
+Copying this file out: it needs `common/` (models, chat, rollout, tracking, checkpoint, distributed) and `envs/`.
+
+Under torchrun each rank plays its own episodes (seeds offset by rank) into its own replay buffer, with its own
+planner and cache; `--total-episodes` counts all ranks' episodes. Every update averages the Q-network gradients over
+ranks (lockstep: one update per step of the round's longest episode); a checkpoint holds every rank's replay buffer.
 
 Where this departs from the seed:
-- The controller is a Double DQN (van Hasselt et al. 2016) over a one-hot grid encoding, like the
-  seed's "Q-learning 训练的策略网络", rather than PPO: off-policy replay reuses every step, which matters
-  because the planner makes steps expensive. Under a planner it is trained on the environment's
-  step, resource and format rewards plus a bonus for reaching its subgoal, which replaces the goal reward
-  (so it never prefers the episode's goal to the subgoal it was given), and a reached subgoal ends the
-  controller's episode (h-DQN, Kulkarni et al. 2016).
-- A 135M model cannot write a reliable free-form plan, so the planner *chooses* each subgoal among the
-  remaining resources and goals by the log-probability of its description (GLAM-style scoring); each
-  candidate carries its expected observation (the environment's own wording, e.g. "collected a
-  resource" at that cell) and an expected duration (its Manhattan distance, walls unknown to the planner).
-- The planner is greedy and deterministic, so its answers are cached by prompt: revisiting a state
-  costs no LLM call. Calls that hit the model and calls answered from the cache are logged separately.
-- The skill library holds `collect_adjacent` (step onto a resource next to the agent, wherever the
-  plan points). Doors and keys (BabyAI) are not modelled yet.
-- The episode's step limit is part of the state (steps left), so the time limit is a true terminal.
+- The controller is a Double DQN (van Hasselt et al. 2016) over a one-hot grid, as the seed's "Q-learning 训练的
+  策略网络", not PPO: replay reuses every (planner-expensive) step. Under a planner it is paid a bonus for its
+  subgoal instead of the goal reward, and a reached subgoal ends its episode (h-DQN, Kulkarni et al. 2016).
+- A 135M model cannot write a reliable free-form plan: the planner *chooses* each subgoal among the remaining
+  resources and goals by the log-probability of its description (GLAM-style), with the environment's wording as
+  expected observation and the Manhattan distance as expected duration; its answers are cached by prompt.
+- One skill, `collect_adjacent`; no doors or keys (BabyAI) yet. Steps left are in the state: a true time limit.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -58,13 +49,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np
 import torch
-import torch.nn as nn
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import print0, seed_everything
+from common.distributed import all_reduce_mean, dist_info, init_distributed, print0, rank_param_divergence, seed_everything
 from common.models import load_model, resolve_device
 from common.rollout import score_candidates
 from common.tracking import Tracker, make_run_name
@@ -90,8 +82,7 @@ class Args:
     output_dir: str = "runs"
     """where run directories are created"""
     checkpoint_every: int = 0
-    """save a checkpoint (Q-networks, replay buffer, Adam, RNG states, counters) every N training episodes and at
-    the end; 0: never. Ctrl-C (or SIGTERM) always finishes the episode and saves one before exiting"""
+    """checkpoint (Q-networks, replay buffers, Adam, RNGs) every N episodes and at the end; 0: only on Ctrl-C/SIGTERM"""
     resume: str = ""
     """a run directory to continue from its checkpoint, with its saved arguments and TensorBoard run"""
 
@@ -167,9 +158,7 @@ class Subgoal:
 
 
 def next_subgoal(plan: list[Subgoal], layout, state) -> Subgoal | None:
-    """Pop the plan's next subgoal that can still happen: a resource collected on the way to an earlier
-    subgoal is skipped (its "collected a resource" can never be observed, so chasing it would only end in a
-    mismatch replan; seed 003 pit 3: the world changed under the plan)."""
+    """Pop the plan's next subgoal that can still happen: a resource picked up early is skipped (seed 003 pit 3)."""
     remaining = set(layout.resources) - state.collected
     while plan:
         subgoal = plan.pop(0)
@@ -178,18 +167,15 @@ def next_subgoal(plan: list[Subgoal], layout, state) -> Subgoal | None:
     return None
 
 
-def validate_args(args: Args) -> dict:
-    problems = []
-    for name in ("total_episodes", "max_subgoals", "replay_batch_size", "buffer_size", "target_update_every", "log_every",
-                 "eval_episodes", "hidden_size"):
-        if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+def validate_args(args: Args, world: int = 1) -> dict:
+    problems = [f"--total-episodes {args.total_episodes} must be divisible by the {world} processes"] \
+        if args.total_episodes % world else []
+    problems += [f"--{n.replace('_', '-')} must be >= 1" for n in ("total_episodes", "max_subgoals", "replay_batch_size",
+                 "buffer_size", "target_update_every", "log_every", "eval_episodes", "hidden_size") if getattr(args, n) < 1]
     if min(args.replan_bound, args.replan_every, args.eval_every, args.learning_starts, args.checkpoint_every) < 0:
         problems.append("--replan-bound, --replan-every, --eval-every, --learning-starts, --checkpoint-every must be >= 0")
-    if not 0 <= args.epsilon_end <= args.epsilon_start <= 1 or not 0 < args.exploration_fraction <= 1:
-        problems.append("need 0 <= --epsilon-end <= --epsilon-start <= 1 and 0 < --exploration-fraction <= 1")
-    if not 0 < args.gamma <= 1:
-        problems.append("--gamma must be in (0, 1]")
+    if not (0 <= args.epsilon_end <= args.epsilon_start <= 1 and 0 < args.exploration_fraction <= 1 and 0 < args.gamma <= 1):
+        problems.append("need 0 <= --epsilon-end <= --epsilon-start <= 1, 0 < --exploration-fraction <= 1, 0 < --gamma <= 1")
     try:
         eval_kwargs = json.loads(args.eval_env_kwargs)
         assert isinstance(eval_kwargs, dict)
@@ -202,7 +188,6 @@ def validate_args(args: Args) -> dict:
 
 
 # ---- state: the layout and the episode state, read through the environment's public snapshot() ----
-
 def grid_state(env: GridWorldEnv):
     snap = env.snapshot()
     return snap["layout"], snap["state"]
@@ -229,17 +214,14 @@ def adjacent_resource(layout, state) -> int | None:
 
 
 def action_mask(layout, state, skills: bool) -> np.ndarray:
-    mask = np.zeros(NUM_ACTIONS, dtype=bool)
-    mask[: len(ACTIONS)] = True
-    mask[len(ACTIONS)] = skills and adjacent_resource(layout, state) is not None
-    return mask
+    """The four moves, and the skill when there is a resource next to the agent."""
+    return np.array([True] * len(ACTIONS) + [skills and adjacent_resource(layout, state) is not None], dtype=bool)
 
 
 # ---- planners ----
-
 def candidate_subgoals(layout, state, start) -> list[Subgoal]:
     """What a plan step can be: a remaining resource or a goal, with its expected observation and duration."""
-    manhattan = lambda p: abs(p[0] - start[0]) + abs(p[1] - start[1])  # noqa: E731
+    manhattan = lambda p: abs(p[0] - start[0]) + abs(p[1] - start[1])
     cands = [Subgoal(f"collect the resource at row {r}, column {c}", (r, c), "collected a resource", manhattan((r, c)))
              for r, c in sorted(set(layout.resources) - state.collected)]
     cands += [Subgoal(f"go to the goal at row {r}, column {c}", (r, c), "reached the goal", manhattan((r, c)))
@@ -264,6 +246,7 @@ class LLMPlanner:
         so_far = "".join(f"\nStep {i + 1}: {s.description}." for i, s in enumerate(planned))
         user = f"{observation}\nPlan so far:{so_far or ' nothing yet.'}\nWhat should step {len(planned) + 1} be?"
         key = (user, tuple(c.description for c in cands))
+        self.cache_hits += key in self.cache
         if key not in self.cache:
             self.model_calls += 1
             prompt = torch.tensor([self.chat.prompt_ids(self.SYSTEM, user)], device=self.device)
@@ -271,8 +254,6 @@ class LLMPlanner:
             scores = score_candidates(self.model, out.past_key_values, torch.ones_like(prompt), out.logits[:, -1],
                                       [self.chat.encode(c.description.capitalize() + ".") for c in cands], True)
             self.cache[key] = int(scores[0].argmax())
-        else:
-            self.cache_hits += 1
         return self.cache[key]
 
     def plan(self, env: GridWorldEnv) -> list[Subgoal]:
@@ -318,7 +299,6 @@ class OraclePlanner:
 
 
 # ---- controller: Double DQN ----
-
 class QNetwork(nn.Module):
     def __init__(self, in_dim: int, hidden: int):
         super().__init__()
@@ -370,7 +350,6 @@ class Replay:
 
 
 # ---- one episode of the hybrid agent ----
-
 def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: float, args: Args,
                 rng: random.Random, replay: Replay | None = None, on_step=None) -> dict:
     """Plays one episode; stores controller transitions in `replay` if given. Returns its metrics and replans."""
@@ -411,8 +390,7 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
         layout, state = grid_state(env)
         reached = current is not None and state.pos == current.target and current.expected in observation
         if replay is not None:
-            # the controller's MDP (h-DQN): under a planner it is paid for its subgoal instead of the episode's goal
-            # (reward - task component + bonus when reached), and a reached subgoal ends its episode
+            # h-DQN: under a planner, paid for its subgoal (reward - task part + bonus), which ends its episode
             ctrl_reward = reward if planner is None else \
                 reward - info["reward_components"]["task"] + args.subgoal_bonus * reached
             next_target = current.target if current and not reached else None
@@ -420,7 +398,7 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
                        float(done or reached), action_mask(layout, state, args.skills and planner is not None))
         total += reward
         if on_step:
-            on_step(step, observation, current)
+            on_step(done)
         if done or planner is None:
             continue
         # ---- replanning triggers (seed 003, pit 3): expectation violated, plan exhausted, periodic ----
@@ -440,91 +418,112 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
             "planner_ms_per_step": 1000 * planner_s / step, "controller_ms_per_step": 1000 * controller_s / step}
 
 
-def evaluate(env, planner, qnet, args, num: int, seed: int) -> dict[str, float]:
-    """Greedy controller on evaluation seeds disjoint from training seeds; planner calls counted per episode."""
-    rng = random.Random(seed)
-    results = [run_episode(env, (1 << 40) + seed * 1000 + i, planner, qnet, 0.0, args, rng) for i in range(num)]
-    mean = lambda k: np.mean([r[k] for r in results])
+def gather(obj) -> list:
+    """Every rank's `obj`, in rank order (as bytes: tensors travel too); `[obj]` without torchrun."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    buffer, blobs = io.BytesIO(), [None] * dist.get_world_size()
+    torch.save(obj, buffer)
+    dist.all_gather_object(blobs, buffer.getvalue())
+    return [torch.load(io.BytesIO(b), weights_only=False) for b in blobs]
+
+
+def summarize(results: list[dict]) -> dict[str, float]:
+    """Means over episodes (every rank's, under torchrun) of what run_episode measured; planner calls per episode."""
+    mean = lambda k: float(np.mean([r[k] for r in results]))
     return {"success_rate": mean("success"), "episodic_return": mean("return"), "resources": mean("resources"),
             "episode_length": mean("length"), "llm_calls_per_episode": mean("planner_calls"),
             "llm_model_calls_per_episode": mean("llm_calls"),
-            "replans_per_episode": np.mean([len(r["replans"]) for r in results]),
+            "replans_per_episode": float(np.mean([len(r["replans"]) for r in results])),
             "planner_ms_per_step": mean("planner_ms_per_step"), "controller_ms_per_step": mean("controller_ms_per_step")}
+
+
+def evaluate(env, planner, qnet, args, num: int, seed: int) -> dict[str, float]:
+    """Greedy controller on evaluation seeds disjoint from training seeds (shared among the ranks under torchrun)."""
+    rng, (rank, _, world) = random.Random(seed), dist_info()
+    mine = [run_episode(env, (1 << 40) + seed * 1000 + i, planner, qnet, 0.0, args, rng) for i in range(rank, num, world)]
+    return summarize([r for part in gather(mine) for r in part])
 
 
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "hybrid_planner.py")
-    eval_kwargs = validate_args(args)
+    eval_kwargs = validate_args(args, world=dist_info()[2])
     device = resolve_device(args.device)
     try:
         train_env, eval_env = envs.make(args.env_id), envs.make(args.env_id, **eval_kwargs)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"--env-id: {e}")
     if not isinstance(train_env, GridWorldEnv):
-        raise SystemExit(f"--env-id: the hybrid planner runs on the GridWorld family (gridworld, gridworld-procedural), "
-                         f"not {args.env_id}")
+        raise SystemExit(f"--env-id: the hybrid planner needs gridworld or gridworld-procedural, not {args.env_id}")
+    rank, local_rank, world = init_distributed(torch.device("cpu"))  # gloo: the ranks exchange CPU tensors only
+    if world > 1 and device.type == "cuda" and device.index is None:  # a GPU per rank for its planner
+        device = torch.device("cuda", local_rank)
     run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
-    ckpt = Checkpointer(run_dir, args.checkpoint_every)
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, world)
     resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
     if resumed and args.total_episodes < resumed["counters"]["iteration"]:
-        raise SystemExit(f"--total-episodes {args.total_episodes}: the checkpoint is at episode "
-                         f"{resumed['counters']['iteration']} already")
+        raise SystemExit(f"--total-episodes {args.total_episodes}: the run is at episode {resumed['counters']['iteration']}")
+    seed_everything(args.seed, args.torch_deterministic)  # the planner and Q-network init: the same on every rank
+    rng, np_rng = random.Random(args.seed + 1000 * rank), np.random.default_rng(args.seed + 1000 * rank)
 
-    # seeding
-    seed_everything(args.seed, args.torch_deterministic)
-    rng, np_rng = random.Random(args.seed), np.random.default_rng(args.seed)
-
-    model = tokenizer = None
-    if args.planner == "llm":
-        model, tokenizer = load_model(args.model, device, seed=args.seed)
-        model.eval()
-        planner = LLMPlanner(model, tokenizer, device, args.max_subgoals)
-    else:
-        planner = OraclePlanner(args.max_subgoals) if args.planner == "oracle" else None
+    model, tokenizer = load_model(args.model, device, seed=args.seed) if args.planner == "llm" else (None, None)
+    planner = LLMPlanner(model.eval(), tokenizer, device, args.max_subgoals) if model is not None else \
+        OraclePlanner(args.max_subgoals) if args.planner == "oracle" else None
     train_env.reset(seed=0)
     dim = len(features(*grid_state(train_env), None, train_env.max_steps))
     qnet, target_net = QNetwork(dim, args.hidden_size), QNetwork(dim, args.hidden_size)
+    for p in qnet.parameters() if world > 1 else ():  # identical networks on every rank: broadcast, not seeding alone
+        dist.broadcast(p.data, src=0)
     target_net.load_state_dict(qnet.state_dict())
     optimizer = torch.optim.Adam(qnet.parameters(), lr=args.learning_rate)
     replay = Replay(args.buffer_size, dim)
 
-    tracker = Tracker(run_dir, vars(args), resume_state=resumed and resumed["tracker"])
-    print0(f"run {os.path.basename(run_dir)}: planner {args.planner}"
-           f"{' (' + args.model + ')' if args.planner == 'llm' else ''} on {args.env_id}, {args.total_episodes} episodes")
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
+    print0(f"run {os.path.basename(run_dir)}: planner {args.planner}{' (' + args.model + ')' if model is not None else ''}"
+           f" on {args.env_id}, {args.total_episodes} episodes{f' over {world} processes' if world > 1 else ''}")
 
     def run_eval(episode: int):
         m = evaluate(eval_env, planner, qnet, args, args.eval_episodes, args.seed)
         tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episode)
-        print0(f"eval @ {episode} episodes | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f} "
-               f"| resources {m['resources']:.2f} | steps {m['episode_length']:.1f} "
-               f"| planner calls/ep {m['llm_calls_per_episode']:.1f} | planner {m['planner_ms_per_step']:.1f} ms/step "
-               f"| controller {m['controller_ms_per_step']:.2f} ms/step")
+        print0(f"eval @ {episode} episodes | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f} | "
+               f"resources {m['resources']:.2f} | steps {m['episode_length']:.1f} | planner calls/ep "
+               f"{m['llm_calls_per_episode']:.1f} | planner {m['planner_ms_per_step']:.1f} ms/step | controller "
+               f"{m['controller_ms_per_step']:.2f} ms/step")
 
-    start, updates, window, causes, first_episode = time.time(), 0, [], Counter(), 1
+    start, updates, window, first_episode, others_playing = time.time(), 0, [], world, False  # episodes: all ranks' ones
     recent_losses, recent_q = deque(maxlen=200), deque(maxlen=200)
     decay_episodes = max(1, int(args.exploration_fraction * args.total_episodes))
     generators = {"python": rng, "numpy": np_rng}
     if resumed:  # everything the next episode depends on, as it was after the checkpoint's episode
-        ckpt.restore(resumed, qnet, optimizer, generators=generators)  # online Q-network, Adam, every RNG
+        ckpt.restore(resumed, qnet, optimizer, generators=generators)  # online Q-network, Adam, this rank's RNGs
         counters, extra = resumed["counters"], resumed["extra"]
-        first_episode, updates = counters["iteration"] + 1, counters["updates"]
+        first_episode, updates = counters["iteration"] + world, counters["updates"]
         decay_episodes = counters["decay_episodes"]  # the saved run's ε schedule: a longer run goes on at --epsilon-end
         target_net.load_state_dict(extra["target"])
-        replay.load_state_dict(extra["replay"])
-        recent_losses, recent_q = (deque(values, maxlen=200) for values in extra["recent"])
-        window, causes = extra["window"], Counter(extra["causes"])  # the unfinished logging window
+        mine = extra["ranks"][rank] if "ranks" in extra else extra  # this rank's buffers ("ranks": since torchrun)
+        replay.load_state_dict(mine["replay"])
+        recent_losses, recent_q = (deque(values, maxlen=200) for values in mine["recent"])
+        window = mine["window"]  # the unfinished logging window
         if args.planner == "llm":  # its answers are deterministic, but a lost cache would cost LLM calls
-            planner.cache = {(user, tuple(descs)): pick for user, descs, pick in extra["llm_cache"]}
-        print0(f"resumed from {run_dir} at episode {first_episode - 1} ({replay.n} transitions, {updates} updates)")
+            planner.cache = {(user, tuple(descs)): pick for user, descs, pick in mine["llm_cache"]}
+        print0(f"resumed from {run_dir} at episode {first_episode - world} ({replay.n} transitions, {updates} updates)")
     else:
         run_eval(0)
     interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this episode, save a checkpoint, exit
-    for episode in range(first_episode, args.total_episodes + 1):
-        epsilon = max(args.epsilon_end, args.epsilon_start - (args.epsilon_start - args.epsilon_end) * episode / decay_episodes)
+    for episode in range(first_episode, args.total_episodes + 1, world):
+        own = episode - world + 1 + rank  # this rank's episode among all ranks': its seed and ε
+        epsilon = max(args.epsilon_end, args.epsilon_start - (args.epsilon_start - args.epsilon_end) * own / decay_episodes)
+        last = episode == args.total_episodes
+        reached = lambda every, e=episode: every > 0 and e // every > (e - world) // every  # crossed a multiple of every?
 
-        def learn(step, observation, subgoal):  # one DQN update per environment step
-            global updates
-            if replay.n < max(args.learning_starts, args.replay_batch_size):
+        def learn(done: bool):  # one DQN update per environment step
+            global updates, others_playing
+            ready = replay.n >= max(args.learning_starts, args.replay_batch_size)
+            if world > 1:  # lockstep: update when every rank can; a rank whose episode ended goes on updating
+                flags = torch.tensor([float(not done), float(ready)])  # while another rank still plays
+                dist.all_reduce(flags)
+                others_playing, ready = bool(flags[0] > 0), bool(flags[1] == world)
+            if not ready:
                 return
             obs, act, rew, nxt, dn, nmask = replay.sample(args.replay_batch_size, np_rng)
             q = qnet(obs).gather(1, act[:, None]).squeeze(1)
@@ -533,6 +532,9 @@ if __name__ == "__main__":
             loss = td_loss(q, y)
             optimizer.zero_grad()
             loss.backward()
+            for p in qnet.parameters() if world > 1 else ():  # equal batches: the mean of the ranks' gradients is
+                dist.all_reduce(p.grad)  # the gradient on all of them; every rank takes the same step
+                p.grad /= world
             nn.utils.clip_grad_norm_(qnet.parameters(), 10.0)
             optimizer.step()
             updates += 1
@@ -541,40 +543,39 @@ if __name__ == "__main__":
             recent_losses.append(loss.item())
             recent_q.append(q.mean().item())
 
-        train_seed = args.seed * 1_000_003 + episode
-        result = run_episode(train_env, train_seed, planner, qnet, epsilon, args, rng, replay, on_step=learn)
+        result = run_episode(train_env, args.seed * 1_000_003 + own, planner, qnet, epsilon, args, rng, replay, learn)
+        while others_playing:
+            learn(done=True)
         window.append(result)
-        causes.update(c for _, c in result["replans"])
-        if episode % args.log_every == 0 or episode == args.total_episodes:
-            mean = lambda k: float(np.mean([r[k] for r in window]))  # noqa: E731
-            tracker.scalars({
-                "charts/episodic_return": mean("return"), "charts/success_rate": mean("success"),
-                "charts/episode_length": mean("length"), "charts/resources": mean("resources"),
-                "charts/llm_calls_per_episode": mean("planner_calls"), "charts/llm_model_calls_per_episode": mean("llm_calls"),
-                "charts/replans_per_episode": float(np.mean([len(r["replans"]) for r in window])),
-                **{f"charts/replans_{c}": causes[c] / len(window) for c in ("start", "mismatch", "exhausted", "periodic")},
-                "losses/td_loss": float(np.mean(recent_losses)) if recent_losses else 0.0,
-                "losses/q_values": float(np.mean(recent_q)) if recent_q else 0.0,
+        if reached(args.log_every) or last:
+            merged = [r for part in gather(window) for r in part]  # every rank's episodes since the last point
+            m, causes = summarize(merged), Counter(c for r in merged for _, c in r["replans"])
+            losses = all_reduce_mean({"td": float(np.mean(recent_losses)) if recent_losses else 0.0,
+                                      "q": float(np.mean(recent_q)) if recent_q else 0.0})
+            scalars = {
+                **{("perf/" if "_ms_" in k else "charts/") + k: v for k, v in m.items()},
+                **{f"charts/replans_{c}": causes[c] / len(merged) for c in ("start", "mismatch", "exhausted", "periodic")},
+                "losses/td_loss": losses["td"], "losses/q_values": losses["q"],
                 "diagnostics/epsilon": epsilon, "diagnostics/updates": updates,
-                "diagnostics/skill_rate": sum(r["skill_uses"] for r in window) / sum(r["length"] for r in window),
-                "perf/planner_ms_per_step": mean("planner_ms_per_step"),
-                "perf/controller_ms_per_step": mean("controller_ms_per_step"),
-                "perf/episodes_per_s": (episode - first_episode + 1) / (time.time() - start),
-            }, episode)
-            print0(f"episode {episode}/{args.total_episodes} | return {mean('return'):.2f} | success {mean('success'):.2f} "
-                   f"| resources {mean('resources'):.2f} | eps {epsilon:.2f} | replans/ep "
-                   f"{np.mean([len(r['replans']) for r in window]):.2f} ({dict(causes)}) | td "
-                   f"{np.mean(recent_losses) if recent_losses else 0:.4f} | {time.time() - start:.0f}s")
-            window, causes = [], Counter()
-        if (args.eval_every and episode % args.eval_every == 0) or episode == args.total_episodes:
+                "diagnostics/skill_rate": sum(r["skill_uses"] for r in merged) / sum(r["length"] for r in merged),
+                "perf/episodes_per_s": (episode - first_episode + world) / (time.time() - start)}
+            if world > 1:  # every rank applied the same averaged updates: both networks must agree exactly
+                networks = [*qnet.parameters(), *target_net.parameters()]
+                scalars["diagnostics/rank_param_divergence"] = rank_param_divergence(networks)
+            tracker.scalars(scalars, episode)
+            print0(f"episode {episode}/{args.total_episodes} | return {m['episodic_return']:.2f} | success "
+                   f"{m['success_rate']:.2f} | resources {m['resources']:.2f} | eps {epsilon:.2f} | replans/ep "
+                   f"{m['replans_per_episode']:.2f} ({dict(causes)}) | td {losses['td']:.4f} | {time.time() - start:.0f}s")
+            window = []
+        if reached(args.eval_every) or last:
             run_eval(episode)
         stop = interrupt.should_stop()
-        if ckpt.due(episode, last=episode == args.total_episodes) or stop:
+        if ckpt.due(episode, last=last) or reached(args.checkpoint_every) or stop:
+            mine = {"replay": replay.state_dict(), "window": window, "recent": [list(recent_losses), list(recent_q)],
+                    "llm_cache": [[u, list(d), c] for (u, d), c in getattr(planner, "cache", {}).items()]}
             ckpt.save({"iteration": episode, "updates": updates, "decay_episodes": decay_episodes}, qnet, optimizer,
-                      generators=generators, tracker=tracker, extra={
-                          "target": target_net.state_dict(), "replay": replay.state_dict(), "window": window,
-                          "recent": [list(recent_losses), list(recent_q)], "causes": dict(causes),
-                          "llm_cache": [[u, list(d), c] for (u, d), c in getattr(planner, "cache", {}).items()]})
+                      generators=generators, tracker=tracker,
+                      extra={"target": target_net.state_dict(), "ranks": gather(mine)})  # every rank's buffers
             print0(f"checkpoint saved in {run_dir} (episode {episode})")
         if stop:
             print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
@@ -582,14 +583,14 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
-    if args.save_model:
+    if args.save_model and rank == 0:
         torch.save(qnet.state_dict(), os.path.join(run_dir, "controller.pt"))
-        if model is not None:
-            model.save_pretrained(os.path.join(run_dir, "model"))
-            tokenizer.save_pretrained(os.path.join(run_dir, "model"))
+        for part in (model, tokenizer) if model is not None else ():
+            part.save_pretrained(os.path.join(run_dir, "model"))
         print0(f"controller{' and planner' if model is not None else ''} saved to {run_dir}")
     if planner is not None:
-        print0(f"planner: {planner.plans} plans; {planner.model_calls} LLM forwards, {planner.cache_hits} choices "
-               "answered from the cache")
+        print0(f"planner: {planner.plans} plans; {planner.model_calls} LLM forwards, {planner.cache_hits} from the cache")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
+    if world > 1:
+        dist.destroy_process_group()

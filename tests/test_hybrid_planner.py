@@ -197,3 +197,66 @@ def test_resume_after_a_crash_logs_the_same_numbers_as_an_uninterrupted_run(tmp_
     for tag in compared:
         assert resumed[tag] == expected[tag], tag  # same steps, bit-identical values (CPU)
     assert expected["diagnostics/updates"][-1][1] > 25 * 4  # several target-network copies happened
+
+
+def test_total_episodes_must_split_evenly_over_the_processes():
+    hp.validate_args(make_args(total_episodes=12), world=2)
+    with pytest.raises(SystemExit, match="--total-episodes 13 must be divisible by the 2 processes"):
+        hp.validate_args(make_args(total_episodes=13), world=2)
+
+
+def test_torchrun_two_ranks_play_distinct_episodes_and_stay_in_sync(tmp_path):
+    """2 gloo ranks: rank r plays the global episodes r+1, r+3, ... (its own seeds) into its own replay buffer, the
+    logged means cover both ranks' episodes, and the averaged DQN updates keep the online and target networks
+    identical on both ranks. Greedy (ε = 0) and no update during the first 4 episodes, so those episodes (and the
+    start-of-run evaluation, shared among the ranks) depend on the seeds alone: they must log exactly what one
+    process logs for the same 4 episodes. Procedural layouts, so different seeds are different episodes."""
+    script = str(ROOT / "algorithms" / "hybrid_planner.py")
+    flags = ["--env-id", "gridworld-procedural", "--planner", "oracle", "--epsilon-start", "0", "--epsilon-end", "0",
+             "--learning-starts", "80", "--replay-batch-size", "16", "--log-every", "4", "--eval-every", "0",
+             "--eval-episodes", "4", "--target-update-every", "20"]
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir()
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                                 "29549", script, *flags, "--total-episodes", "16", "--output-dir", str(two)],
+                                cwd=two, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    single = subprocess.run([sys.executable, script, *flags, "--total-episodes", "4", "--output-dir", str(one)],
+                            capture_output=True, text=True, timeout=300)
+    out, err = torchrun.communicate(timeout=300)
+    assert torchrun.returncode == 0, out[-2000:] + err[-3000:]
+    assert single.returncode == 0, single.stderr[-3000:]
+    (run_dir,) = list(two.iterdir())  # rank 0 alone writes
+    s, ref = read_scalars(run_dir), read_scalars(next(one.iterdir()))
+    assert [k for k, _ in s["charts/episodic_return"]] == [4, 8, 12, 16]  # the x-axis counts both ranks' episodes
+    assert out.count("episode 16/16") == 1 and "over 2 processes" in out  # rank 0 alone prints
+    for tag in ref:
+        if tag.startswith(("charts/", "eval/")) and "_ms_" not in tag:
+            assert s[tag][0] == ref[tag][0], tag  # episodes 1-4 and the first evaluation: both ranks' share
+    assert s["diagnostics/updates"][0][1] == 0 and s["diagnostics/updates"][-1][1] > 2 * 20  # target copies happened
+    assert [v for _, v in s["diagnostics/rank_param_divergence"]] == [0.0] * 4
+
+
+@pytest.mark.slow
+def test_torchrun_resume_restores_every_ranks_replay_buffer(tmp_path):
+    """2 ranks: a run stopped at episode 8 (its final checkpoint) and resumed to 16 logs exactly what an uninterrupted
+    16-episode run logs, which needs both ranks' replay buffers, RNGs and logging windows back (constant ε, so the
+    two runs' ε schedules agree)."""
+    script = str(ROOT / "algorithms" / "hybrid_planner.py")
+    flags = ["--planner", "oracle", "--epsilon-start", "0.3", "--epsilon-end", "0.3", "--learning-starts", "20",
+             "--replay-batch-size", "16", "--log-every", "4", "--eval-every", "8", "--eval-episodes", "2",
+             "--target-update-every", "25", "--checkpoint-every", "8"]
+    torchrun = lambda port, *extra: subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                                    "--master_port", str(port), script, *extra],
+                                                   capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    full = torchrun(29551, *flags, "--total-episodes", "16", "--output-dir", str(tmp_path / "full"))
+    part = torchrun(29552, *flags, "--total-episodes", "8", "--output-dir", str(tmp_path / "part"))
+    assert full.returncode == 0 and part.returncode == 0, full.stderr[-2000:] + part.stderr[-2000:]
+    run_dir = next((tmp_path / "part").iterdir())
+    resumed = torchrun(29553, "--resume", str(run_dir), "--total-episodes", "16")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "at episode 8" in resumed.stdout
+    got, expected = read_scalars(run_dir), read_scalars(next((tmp_path / "full").iterdir()))
+    compared = [t for t in expected if not (t.startswith("perf/") or "_ms" in t)]
+    assert set(got) == set(expected) and "losses/td_loss" in compared
+    for tag in compared:
+        assert got[tag] == expected[tag], tag
