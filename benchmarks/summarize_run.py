@@ -62,5 +62,14 @@ if __name__ == "__main__":
           f"first {rollout[0] + update[0]:.1f} s, last {rollout[-1] + update[-1]:.1f} s; rollout throughput "
           f"{np.mean(tok_s):.0f} tokens/s (prompt + observation + sampled tokens). {iters} iterations, "
           f"{sum(rollout) + sum(update):.0f} s of rollout + update.")
+    env, ref = [v for _, v in series(s, "perf/env_s")], [v for _, v in series(s, "perf/reference_s")]
+    if env and len(env) == iters:  # where an iteration's time goes (seed 001's rollout decomposition)
+        ref = ref if len(ref) == iters else [0.0] * iters
+        phases = {"decode (rollout minus environment)": np.subtract(rollout, env), "environment (step + verify)": env,
+                  "reference log-probs": ref, "policy forward/backward + optimizer": np.subtract(update, ref)}
+        total = sum(rollout) + sum(update)
+        print("\n| phase | mean s / iteration | share |\n| --- | --- | --- |")
+        for name, values in phases.items():
+            print(f"| {name} | {np.mean(values):.2f} | {100 * np.sum(values) / total:.1f}% |")
     if args.wall_clock_s:
         print(f"Whole command, wall clock: {args.wall_clock_s / 60:.1f} min.")
