@@ -13,6 +13,7 @@ Usage:
     python algorithms/grpo_agent.py --model tiny --total-iterations 5 # seconds, for a smoke test
     python algorithms/grpo_agent.py --action-mode free --sft-steps 30 # free text, with a format cold start
     python algorithms/grpo_agent.py --device cuda                     # one GPU
+    python algorithms/grpo_agent.py --trainable-layers 0 --beta 0.04 --gradient-checkpointing  # full FT + KL: 3.7 GiB RSS
     torchrun --nproc_per_node 2 algorithms/grpo_agent.py --model tiny # data parallel (gloo on CPU, NCCL on GPU)
     python algorithms/grpo_agent.py --checkpoint-every 5              # then, after a crash or Ctrl-C:
     python algorithms/grpo_agent.py --resume runs/<run> [--total-iterations 50]
@@ -33,6 +34,7 @@ Where this departs from the paper / seed:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import sys
@@ -101,11 +103,14 @@ class Args:
     lora_alpha: float = 16.0
     """LoRA scale numerator: the update is (alpha / r) B A"""
     gradient_checkpointing: bool = False
-    """recompute layer activations in the backward (less memory, ~30% more compute)"""
+    """recompute layer activations in the backward (full fine-tuning under 4 GB RSS needs it; see docs, "Memory")"""
     update_epochs: int = 2
     """optimisation epochs over each batch (1: on-policy, ratio = 1, as DeepSeekMath; >1 reuses the batch under the clip)"""
     micro_batch_size: int = 4
     """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
+    malloc_mmap_threshold_kib: int = 1024
+    """glibc only: blocks above this many KiB are mmap-ed and returned to the OS when freed (0: glibc's own
+    threshold, which grows to 32 MiB and lets freed activation buffers fragment the heap: up to 3x the peak RSS)"""
     clip_eps_low: float = 0.2
     """ratio clip below: 1 - eps_low"""
     clip_eps_high: float = 0.2
@@ -147,7 +152,8 @@ class Args:
 
 
 # the flags --resume lets differ from the saved run (none of them changes what the training samples)
-RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir"}
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir",
+             "malloc_mmap_threshold_kib"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "1", "--eval-episodes", "2"]
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
@@ -162,6 +168,8 @@ def validate_args(args: Args):
     problems = []
     if args.checkpoint_every < 0:
         problems.append("--checkpoint-every must be >= 0 (0: no periodic checkpoints)")
+    if args.malloc_mmap_threshold_kib < 0:
+        problems.append("--malloc-mmap-threshold-kib must be >= 0 (0: glibc's default)")
     if args.lora_r < 0:
         problems.append("--lora-r must be >= 0 (0: no LoRA)")
     for name in ("total_iterations", "num_groups", "group_size", "update_epochs", "micro_batch_size", "max_turn_tokens"):
@@ -175,6 +183,23 @@ def validate_args(args: Args):
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
     if problems:
         raise SystemExit("grpo_agent.py: " + "; ".join(problems))
+
+
+def cap_mmap_threshold(kib: int) -> bool:
+    """Fix glibc's mmap threshold at `kib` KiB; True if set (glibc), False elsewhere or for 0.
+
+    By default glibc raises the threshold to the size of each mmap-ed block freed (up to 32 MiB), so from
+    the first freed activation on, every buffer under 32 MiB comes from the heap. A forward/backward frees
+    and allocates buffers of many sizes; the holes it leaves cannot be handed back to the OS, and peak
+    RSS grows to 1.5-3x the memory in use (benchmarks/results/memory.md). A fixed threshold (which also
+    fixes the trim threshold) gives every large tensor its own mapping, unmapped when it is freed.
+    """
+    if kib <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None).mallopt(-3, kib * 1024) == 1  # -3: M_MMAP_THRESHOLD (malloc.h)
+    except (OSError, AttributeError):  # not glibc (musl has no effect; other libcs may lack mallopt)
+        return False
 
 
 def group_advantages(returns: torch.Tensor, eps: float) -> torch.Tensor:
@@ -264,6 +289,7 @@ def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int) -> dict[st
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "grpo_agent.py")
     validate_args(args)
+    cap_mmap_threshold(args.malloc_mmap_threshold_kib)  # before the first large allocation (see its docstring)
     device = resolve_device(args.device)
     rank, _, args.world_size = init_distributed(device)
     args.batch_size = args.num_groups * args.group_size * args.world_size

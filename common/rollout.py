@@ -375,7 +375,8 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
 
     The LM head runs only at the positions that predict a policy token, not over the whole sequence.
     In choice mode with multi-token action names, the candidates' tokens are appended to each episode
-    with a tree-shaped 4-D attention mask (see `_branch_layout`), still one forward.
+    with a tree-shaped 4-D attention mask (see `_branch_layout`), still one forward. A 4-D mask (tree, or
+    causal + padding for unequal lengths) is passed as one float tensor shared by all layers (`_shared_mask`).
     With `layer_inputs` (recorded by the rollout engine at decoder layer `from_layer`, below which the
     model is frozen), only layers from `from_layer` up run: the lower layers' result is already known.
     """
@@ -405,9 +406,14 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
                 allowed[i, 0, start: start + n, :p] = True
                 allowed[i, 0, start: start + n, start: start + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
             allowed[i, 0, lengths[i]:, 0] = True  # padding rows attend somewhere (their output is unused)
-        attention_mask = allowed.to(device)
-    else:
-        attention_mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long().to(device)
+        attention_mask = _shared_mask(allowed, model, device)
+    elif min(lengths) < width:  # right padding: causal and key-padding, as transformers builds it from a 2-D mask
+        key = torch.arange(width)
+        causal = (key[None, :] <= key[:, None])[None, None]  # [1, 1, query, key]
+        allowed = causal & (key[None, None, None, :] < torch.tensor(lengths)[:, None, None, None])
+        attention_mask = _shared_mask(allowed, model, device)
+    else:  # no padding: transformers drops the mask and runs the causal kernel
+        attention_mask = torch.ones((len(trajs), width), dtype=torch.long, device=device)
     ids, pos = ids.to(device), pos.to(device)
     if layer_inputs is not None and not multi:
         hidden = _forward_from_layer(body, layer_inputs, from_layer, attention_mask, pos)
@@ -453,13 +459,28 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     return UnitBatch(torch.stack([pad(r) for r in rows_lp]), torch.stack([pad(r) for r in rows_ent]), mask)
 
 
+def _shared_mask(allowed: torch.Tensor, model, device) -> torch.Tensor:
+    """The [B, 1, L, L] boolean mask as SDPA's additive float mask (0 / -inf), built once for all layers.
+
+    Given a boolean mask, torch's SDPA converts it to exactly this float tensor inside every layer's call and
+    saves that layer's copy for the backward: B x L^2 x 4 bytes per trained layer (0.65 GiB for 4 GridWorld
+    episodes of ~1,170 tokens on SmolLM2's 30 layers). Passed as float, one tensor is shared by every layer;
+    the numbers are the same. Under autocast (CUDA bf16) the query dtype differs from the weights', so the
+    boolean mask is kept there.
+    """
+    dtype = next(model.parameters()).dtype
+    if torch.is_autocast_enabled(torch.device(device).type) or not dtype.is_floating_point:
+        return allowed.to(device)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).to(device)
+
+
 def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int, attention_mask, pos):
     """Run decoder layers `from_layer`.. (and the final norm) on recorded inputs of those layers.
 
     Tokens never fed during the rollout (each episode's last action) get zeros: nothing reads their output
     and, attention being causal, they influence no earlier position.
     """
-    x = layer_inputs[0].new_zeros((len(layer_inputs), attention_mask.shape[1], layer_inputs[0].shape[-1]))
+    x = layer_inputs[0].new_zeros((len(layer_inputs), pos.shape[1], layer_inputs[0].shape[-1]))
     for i, states in enumerate(layer_inputs):
         x[i, : len(states)] = states
     all_layers = body.layers

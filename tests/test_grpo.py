@@ -185,3 +185,60 @@ def test_lora_trains_only_the_adapter_and_the_reference_is_the_base(tmp_path):
     with torch.no_grad():
         assert not torch.allclose(trained(ids).logits, base(ids).logits)  # the adapter moved the policy
     assert kl[-1] > 0  # the reference (adapters off) is not the trained policy (adapters on)
+
+
+# the allocator test runs in a fresh interpreter (malloc's thresholds are per process and pytest's heap is already
+# used), with only `cap_mmap_threshold` taken from the script, so it starts in a fraction of a second
+_HOARD = """
+import ast, ctypes, sys, torch
+tree = ast.parse(open({script!r}).read())
+(fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cap_mmap_threshold"]
+exec(compile(ast.Module([fn], []), "grpo_agent.py", "exec"))
+applied = cap_mmap_threshold(int(sys.argv[1]))
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+x = torch.ones(16 << 18); del x  # a 16 MiB block freed: glibc's default now serves blocks up to 16 MiB from the heap
+base = rss()
+big, small = [], []
+for _ in range(40):  # activation-like 4 MiB buffers interleaved with small survivors (as a forward leaves them)
+    big.append(torch.ones(1 << 20))
+    small.append(torch.ones(1 << 15))
+del big
+print(applied, rss() - base)
+"""
+
+
+def test_fixed_mmap_threshold_returns_freed_activation_buffers_to_the_os():
+    """The cause of the high peak RSS (benchmarks/results/memory.md): with glibc's dynamic threshold, freed
+    4 MiB buffers stay in the heap behind small live ones (160 MiB kept here); with the threshold fixed at
+    1 MiB each is its own mapping, handed back on free."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc only")
+    script = _HOARD.format(script=str(ROOT / "algorithms" / "grpo_agent.py"))
+    kept = {}
+    for kib in (0, 1024):
+        proc = subprocess.run([sys.executable, "-c", script, str(kib)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        applied, mib = proc.stdout.split()[-2:]
+        kept[kib] = (applied, float(mib))
+    if kept[1024][0] != "True":
+        pytest.skip("not glibc: mallopt unavailable")
+    assert kept[0][0] == "False"  # 0 leaves glibc's default
+    assert kept[0][1] > 100, kept  # the hoard: the freed buffers still count in RSS
+    assert kept[1024][1] < 20, kept  # only the small survivors (40 x 128 KiB = 5 MiB) remain
+
+
+def test_mmap_threshold_changes_no_number(tmp_path):
+    """The allocator setting changes where memory comes from, never a result: same seed, same losses (two SFT
+    steps, so the second loss comes after an update, then one GRPO iteration)."""
+    losses = {}
+    for kib in ("0", "1024"):
+        (tmp_path / kib).mkdir()
+        run_dir, _ = run_grpo(tmp_path / kib, "--model", "tiny", "--total-iterations", "1", "--group-size", "2",
+                              "--eval-every", "0", "--beta", "0.1", "--update-epochs", "1", "--max-total-tokens", "700",
+                              "--no-filter-zero-variance", "--sft-steps", "2", "--sft-batch-size", "2",
+                              "--sft-learning-rate", "1e-2", "--malloc-mmap-threshold-kib", kib)
+        scalars = read_scalars(run_dir)
+        losses[kib] = [v for t in ("losses/sft_loss", "losses/policy_loss", "losses/kl") for _, v in scalars[t]]
+    assert losses["0"] == losses["1024"]
+    assert losses["0"][0] != losses["0"][1]  # the second SFT loss is after a step: the update path ran

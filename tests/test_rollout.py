@@ -238,3 +238,64 @@ def test_scoring_candidates_leaves_the_cache_as_it_was(tiny):
         logp = F.log_softmax(model(input_ids=torch.cat([ids, torch.tensor([[21, 22, 23]] * 2)], 1)).logits, -1)
     direct = logp[:, 3, 21] + logp[:, 4, 22] + logp[:, 5, 23]
     torch.testing.assert_close(first[:, 1], direct, atol=1e-5, rtol=1e-5)
+
+
+def test_tree_mask_forward_keeps_no_per_layer_attention_matrix(tiny):
+    """Memory: the choice-mode tree mask (multi-token action names: every name is several bytes for `tiny`) must
+    not push SDPA onto its math kernel, which would save a [B, heads, L, L] attention matrix per layer for the
+    backward. At most the one mask of shape [B, 1, L, L] may be kept, shared by every layer."""
+    model, _ = tiny
+    _, trajs = run(tiny, "choice", n=2, seed=1, max_total_tokens=400)
+    width = max(len(t.token_ids) + sum(len(c) - 1 for s in t.choice_steps for c in s.candidates) for t in trajs)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    square: dict[int, tuple] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and t.dim() >= 2 and tuple(t.shape[-2:]) == (width, width):
+            square[ptr] = tuple(t.shape)
+        return t
+
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            units = policy_logprobs(model, trajs, "choice", choice_token_norm=True)
+    finally:
+        model.eval()
+    assert units.mask.sum() > 0 and width > 200
+    assert len(square) <= 1 and all(shape[1] == 1 for shape in square.values()), square
+
+
+@pytest.mark.parametrize("mode", ["free", "choice"])
+def test_shared_float_mask_gives_the_boolean_masks_numbers_exactly(tiny, mode, monkeypatch):
+    """`policy_logprobs` hands SDPA one float mask for all layers instead of a boolean one (which SDPA converts,
+    and saves, once per layer): padded batches (free) and tree masks (choice) must give bit-identical numbers
+    and gradients."""
+    import common.rollout as rollout
+
+    model, _ = tiny
+    _, trajs = run(tiny, mode, n=3, seed=7, max_turn_tokens=4, max_total_tokens=1200 if mode == "free" else 700)
+    t = trajs[1]  # unequal lengths, so the batch is right-padded
+    if mode == "free":  # (tiny's episodes here are one-token turns of equal length) 7 more scored tokens
+        t.token_ids, t.source_mask = t.token_ids + t.token_ids[-7:], t.source_mask + [1] * 7
+        t.behavior_logprobs = t.behavior_logprobs + [0.0] * 7
+        n = len(t.token_ids)
+    else:  # cut after its first action
+        t.choice_steps = t.choice_steps[:1]
+        n = t.choice_steps[0].position + len(t.choice_steps[0].candidates[t.choice_steps[0].chosen])
+    t.token_ids, t.source_mask, t.behavior_logprobs = t.token_ids[:n], t.source_mask[:n], t.behavior_logprobs[:n]
+    assert len({len(t.token_ids) for t in trajs}) > 1
+
+    def scored():
+        model.zero_grad()
+        units = policy_logprobs(model, trajs, mode, choice_token_norm=True)
+        (units.logprobs * units.mask).sum().backward()
+        return units, [p.grad.clone() for p in model.parameters()]
+
+    new, new_grads = scored()
+    monkeypatch.setattr(rollout, "_shared_mask", lambda allowed, model, device: allowed.to(device))
+    old, old_grads = scored()
+    model.zero_grad(set_to_none=True)
+    assert new.mask.sum() > 0
+    assert torch.equal(new.logprobs, old.logprobs) and torch.equal(new.entropy, old.entropy)
+    assert all(torch.equal(a, b) for a, b in zip(new_grads, old_grads))
