@@ -13,7 +13,9 @@ Usage:
     python algorithms/grpo_agent.py --model tiny --total-iterations 5 # seconds, for a smoke test
     python algorithms/grpo_agent.py --action-mode free --sft-steps 30 # free text, with a format cold start
     python algorithms/grpo_agent.py --device cuda                     # one GPU
-    python algorithms/grpo_agent.py --trainable-layers 0 --beta 0.04 --gradient-checkpointing  # full FT + KL: 3.7 GiB RSS
+    python algorithms/grpo_agent.py --device cuda --action-mode free --sft-steps 30 --rollout-backend vllm  # vLLM samples
+    # full fine-tune with the KL reference in 3.7 GiB of RAM (docs/grpo_agent.md, Memory):
+    python algorithms/grpo_agent.py --trainable-layers 0 --beta 0.04 --gradient-checkpointing --malloc-mmap-threshold-kib 1024
     torchrun --nproc_per_node 2 algorithms/grpo_agent.py --model tiny # data parallel (gloo on CPU, NCCL on GPU)
     python algorithms/grpo_agent.py --checkpoint-every 5              # then, after a crash or Ctrl-C:
     python algorithms/grpo_agent.py --resume runs/<run> [--total-iterations 50]
@@ -26,7 +28,8 @@ Where this departs from the paper / seed:
 - Groups whose returns have zero variance carry no signal (Var[R] = p(1 - p) = 0) and are dropped from
   the loss rather than resampled (seed 001, "solvability filtering"); their fraction is logged.
 - The ratio uses the log-probs recorded by the sampler as pi_old: no extra forward (exact on CPU fp32;
-  the recomputed-vs-recorded gap is logged as diagnostics/logprob_mismatch).
+  the recomputed-vs-recorded gap is logged as diagnostics/logprob_mismatch). With `--rollout-backend vllm` pi_old is
+  vLLM's (other kernels, bf16): diagnostics/logprob_mismatch_mean and first_epoch_* show the gap.
 - Clipping is asymmetric by flag (eps_low / eps_high, the "clip-higher" of DAPO); the default is symmetric.
 - `--loss-agg token-mean` (default) divides by the batch's policy-unit count, `sequence-mean` averages
   per-episode means, as in the original GRPO.
@@ -57,6 +60,7 @@ from common.models import adapter_disabled, apply_lora, autocast, enable_gradien
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import Tracker, make_run_name
+from common.vllm_backend import BackendUnavailable, TokenRolloutEngine, VLLMGenerator, require_vllm, sync_weights
 
 
 @dataclass
@@ -108,9 +112,9 @@ class Args:
     """optimisation epochs over each batch (1: on-policy, ratio = 1, as DeepSeekMath; >1 reuses the batch under the clip)"""
     micro_batch_size: int = 4
     """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
-    malloc_mmap_threshold_kib: int = 1024
-    """glibc only: blocks above this many KiB are mmap-ed and returned to the OS when freed (0: glibc's own
-    threshold, which grows to 32 MiB and lets freed activation buffers fragment the heap: up to 3x the peak RSS)"""
+    malloc_mmap_threshold_kib: int = 0
+    """glibc only: blocks above this many KiB are mmap-ed and returned to the OS when freed; 1024 cuts the peak RSS
+    up to 3x for full fine-tunes, for <= ~20% more time (0: glibc's own threshold, which grows to 32 MiB)"""
     clip_eps_low: float = 0.2
     """ratio clip below: 1 - eps_low"""
     clip_eps_high: float = 0.2
@@ -129,6 +133,11 @@ class Args:
     """sampling temperature of training rollouts (SmolLM2 tends to repeat its previous answer; T = 2 keeps it exploring)"""
     top_p: float = 1.0
     """nucleus sampling during training rollouts"""
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+    """`hf`: the trained model samples (CPU or GPU); `vllm`: a vLLM engine on the GPU samples (free mode only) and
+    gets the trained weights after every update (pip install -r requirements-gpu.txt)"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """`--rollout-backend vllm`: share of GPU memory vLLM may take (weights + KV cache); the trainer gets the rest"""
     max_turn_tokens: int = 8
     """free mode: cap on generated tokens per turn (hitting it is recorded on the turn)"""
     max_total_tokens: int = 4096
@@ -160,6 +169,7 @@ LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_
                "losses/policy_loss", "losses/entropy", "losses/kl", "diagnostics/clip_fraction_low",
                "diagnostics/clip_fraction_high", "diagnostics/ratio_mean", "diagnostics/advantage_std",
                "diagnostics/zero_variance_groups", "diagnostics/logprob_mismatch", "diagnostics/policy_lag",
+               "diagnostics/first_epoch_ratio_mean", "diagnostics/first_epoch_clip_fraction", "perf/weight_sync_s",
                "perf/rollout_tokens_per_s", "perf/env_steps_per_s", "perf/rollout_s", "perf/update_s",
                "eval/success_rate", "eval/episodic_return")
 
@@ -181,6 +191,9 @@ def validate_args(args: Args):
         problems.append("--clip-eps-low must be in [0, 1) and --clip-eps-high >= 0")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.rollout_backend == "vllm" and args.action_mode != "free":
+        problems.append("--rollout-backend vllm needs --action-mode free (choice mode scores action names on the "
+                        "trainer's KV cache, which vLLM does not expose)")
     if problems:
         raise SystemExit("grpo_agent.py: " + "; ".join(problems))
 
@@ -303,6 +316,13 @@ if __name__ == "__main__":
         envs.make(args.env_id)  # fail fast on a bad --env-id, before loading a model
     except (ValueError, TypeError) as e:
         raise SystemExit(f"--env-id: {e}")
+    if args.rollout_backend == "vllm":  # fail fast, before loading a model
+        try:
+            require_vllm()
+        except BackendUnavailable as e:
+            raise SystemExit(f"--rollout-backend vllm: {e}")
+        if args.world_size > 1:
+            raise SystemExit("--rollout-backend vllm: one process only for now (not under torchrun)")
 
     # seeding: each rank samples its own episodes; the model init (tiny) is the same on every rank
     seed_everything(args.seed, args.torch_deterministic)
@@ -310,6 +330,12 @@ if __name__ == "__main__":
     model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     rank_seed = args.seed + 1000 * rank
     sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
+    vllm_gen = None
+    if args.rollout_backend == "vllm":  # vLLM starts from the initial weights, saved once (before any adapter)
+        save_model(model, tokenizer, os.path.join(run_dir, "vllm_init"))
+        vllm_gen = VLLMGenerator(os.path.join(run_dir, "vllm_init"), dtype="bfloat16", seed=rank_seed,
+                                 max_model_len=args.max_total_tokens,
+                                 gpu_memory_utilization=args.vllm_gpu_memory_utilization)
     py_rng = random.Random(rank_seed)
 
     num_layers = len(model.get_decoder().layers)
@@ -344,9 +370,14 @@ if __name__ == "__main__":
     # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer (and the
     # reference model, whose lower layers are the same frozen weights)
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
-    engine = RolloutEngine(model, tokenizer, RolloutConfig(
+    rollout_config = RolloutConfig(
         action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
-        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm), record_layer_inputs=frozen_below)
+        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm)
+    if vllm_gen is not None:  # vLLM samples; it computes no activations the trainer could reuse
+        frozen_below = None
+        engine = TokenRolloutEngine(vllm_gen, tokenizer, rollout_config)
+    else:
+        engine = RolloutEngine(model, tokenizer, rollout_config, record_layer_inputs=frozen_below)
     if args.action_mode == "choice" and not getattr(envs.make(args.env_id), "action_names", None):
         raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
 
@@ -376,6 +407,8 @@ if __name__ == "__main__":
             if step % 10 == 0 or step == args.sft_steps:
                 print0(f"sft {step}/{args.sft_steps} | loss {sft_loss.item():.3f}")
         model.eval()
+        if vllm_gen is not None:  # the first rollout samples from the cold-started weights (still version 0)
+            sync_weights(model, vllm_gen, version=0)
 
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     episodes_seen, generated_tokens, first_iteration, start = 0, 0, 1, time.time()
@@ -385,6 +418,8 @@ if __name__ == "__main__":
         episodes_seen, generated_tokens = resumed["counters"]["episodes_seen"], resumed["counters"]["generated_tokens"]
         first_iteration = resumed["counters"]["iteration"] + 1
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
+        if vllm_gen is not None:
+            sync_weights(model, vllm_gen, version=first_iteration - 1)
 
     def run_eval(iteration: int):
         if args.eval_every > 0 and rank == 0:
@@ -420,6 +455,7 @@ if __name__ == "__main__":
         t1 = time.time()
         stats = {"clip_low": 0.0, "clip_high": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
         entropy_sum, policy_loss_sum, mismatch_max, mismatch_sum, ref_s, grad_norm = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        ratio0_sum, clipped0, sync_s = 0.0, 0.0, 0.0  # first epoch: the sampler -> trainer ratio before any step
         num_units = num_seqs = 0
         # under torchrun every rank joins the same all-reduces: a rank whose groups were all dropped
         # contributes zero gradients; if every rank's were, nobody steps
@@ -460,6 +496,9 @@ if __name__ == "__main__":
                         gap = ((units.logprobs.detach() - old_logp[sl]).abs() * unit_mask[sl])
                         mismatch_max = max(mismatch_max, gap.max().item())
                         mismatch_sum += gap.sum().item()
+                        ratio0 = torch.exp(units.logprobs.detach() - old_logp[sl])[unit_mask[sl].bool()]
+                        ratio0_sum += ratio0.sum().item()
+                        clipped0 += ((ratio0 < 1 - args.clip_eps_low) | (ratio0 > 1 + args.clip_eps_high)).sum().item()
                         entropy_sum += (units.entropy.detach() * unit_mask[sl]).sum().item()
                         policy_loss_sum += loss.item()
                         for k in stats:
@@ -468,6 +507,8 @@ if __name__ == "__main__":
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
                 optimizer.step()
             model.eval()
+        if vllm_gen is not None:  # the next rollout samples from the updated weights, and records their version
+            sync_s = sync_weights(model, vllm_gen, version=iteration)
         update_s = time.time() - t1
 
         # ---- logging ----
@@ -487,12 +528,15 @@ if __name__ == "__main__":
             "diagnostics/zero_variance_groups": float(zero_var.view(args.num_groups, -1)[:, 0].float().mean()),
             "diagnostics/logprob_mismatch": mismatch_max,
             "diagnostics/logprob_mismatch_mean": mismatch_sum / denom,
+            "diagnostics/first_epoch_ratio_mean": ratio0_sum / denom if num_units else 1.0,
+            "diagnostics/first_epoch_clip_fraction": clipped0 / denom,  # outside the clip before any step
             "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
             "diagnostics/grad_norm": grad_norm,
             "diagnostics/truncated_turn_rate": float(np.mean([turn.truncated_tokens for t in trajs for turn in t.turns])),
             "perf/rollout_s": rollout_s,
             "perf/update_s": update_s,
             "perf/reference_s": ref_s,
+            "perf/weight_sync_s": sync_s,
             "perf/env_s": env_s,
             "perf/rollout_tokens_per_s": total_tokens / rollout_s,
             "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in trajs) / rollout_s,

@@ -1,6 +1,6 @@
 """Peak RSS of one GRPO iteration on CPU, per configuration, each in a fresh process.
 
-    OMP_NUM_THREADS=1 python benchmarks/memory.py                          # every config, the default allocator fix
+    OMP_NUM_THREADS=1 python benchmarks/memory.py                          # every config, with the allocator fix (1024 KiB)
     OMP_NUM_THREADS=1 python benchmarks/memory.py --thresholds 0 1024      # before (glibc default) and after
     OMP_NUM_THREADS=1 python benchmarks/memory.py --configs full-kl full-kl-gc --thresholds 1024
     python benchmarks/memory.py --model tiny --configs top6 --output /tmp/m.md   # seconds, a smoke test
@@ -110,7 +110,7 @@ def write_table(rows: list[dict], output: Path):
              "1 iteration, 1 group of 4 GridWorld episodes (choice mode, seed 1), 2 update epochs, micro-batch 4 unless",
              "stated, no evaluation, `--no-filter-zero-variance`; peak = the child's ru_maxrss (`/usr/bin/time -v`'s",
              "\"Maximum resident set size\"). `mmap threshold` is `--malloc-mmap-threshold-kib`: `0` = glibc's dynamic",
-             "default (the behaviour before the flag), `1024` = the new default. Seconds are wall-clock on a shared",
+             "default (the behaviour before the flag), `1024` = the flag set to 1024 (opt-in). Seconds are wall-clock on a shared",
              "machine (other jobs on the cores): compare them loosely.", ""]
     for mach in sorted({r["machine"] for r in rows}):
         lines += [f"Machine: {mach}.", ""]

@@ -144,13 +144,17 @@ def performance() -> str:
 
 
 def memory() -> str:
-    """Peak RSS of GRPO configurations, from benchmarks/memory.py's table."""
+    """Peak RSS of GRPO configurations, from benchmarks/memory.py's table (its rows, fewer columns)."""
     path = RESULTS / "memory.md"
     if not path.exists():
         return "Not measured yet (`python benchmarks/memory.py`)."
-    return "\n".join(["| " + " | ".join(r) + " |" if i != 1 else "|" + " --- |" * len(r) + "\n| " + " | ".join(r) + " |"
-                      for i, r in enumerate(markdown_tables(path.read_text())[0])]
-                     + ["", "Source: `python benchmarks/memory.py`, [memory.md](benchmarks/results/memory.md)."])
+    header, *rows = markdown_tables(path.read_text())[0]
+    keep = [header.index(k) for k in ("configuration", "mmap threshold (KiB)", "peak RSS (GiB)", "note")]
+    lines = ["| " + " | ".join(header[i] for i in keep) + " |", "|" + " --- |" * len(keep)]
+    lines += ["| " + " | ".join(r[i] for i in keep) + " |" for r in rows]
+    return "\n".join(lines + ["", "One iteration of 4 GridWorld episodes with `smollm2-135m`, peak = the process's maximum RSS; "
+                              "mmap threshold 0 = glibc's default allocator. Source: `python benchmarks/memory.py`, "
+                              "[memory.md](benchmarks/results/memory.md) (commands, seconds, machine)."])
 
 
 def tests_block() -> str:
