@@ -129,6 +129,34 @@ class _Episode:
         self.unfed += ids
 
 
+def step_envs(episodes: list[_Episode], actions: list, workers: int) -> list[tuple[tuple, float]]:
+    """(env.step(action), seconds) for each episode, in order; concurrent for `parallel_step` envs."""
+    def step(row: int):
+        t0 = time.perf_counter()
+        out = episodes[row].env.step(actions[row])
+        return out, time.perf_counter() - t0
+
+    workers = min(workers, len(episodes))
+    if workers > 1 and all(getattr(ep.env, "parallel_step", False) for ep in episodes):
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env-step") as pool:
+            return list(pool.map(step, range(len(episodes))))
+    return [step(row) for row in range(len(episodes))]
+
+
+def episode_record(ep: _Episode, policy_version: int) -> Trajectory:
+    """The finished episode as the trajectory record (every rollout engine writes it through here)."""
+    first_policy = next((i for i, m in enumerate(ep.mask) if m), len(ep.mask))
+    return Trajectory(
+        token_ids=ep.token_ids, source_mask=ep.mask, behavior_logprobs=ep.logprobs,
+        policy_version=policy_version, turns=ep.turns, rewards=ep.components,
+        return_=sum(t.reward for t in ep.turns), termination=ep.termination or "failure",
+        env_version=str(ep.info.get("env_version", getattr(ep.env, "env_version", ""))),
+        task_id=str(ep.info.get("task_id", "")), seed=int(ep.seed), env_id=ep.env_id,
+        prompt_length=first_policy, choice_steps=ep.choice_steps,
+        extra={k: ep.info[k] for k in ("truncated_by",) if k in ep.info},
+    )
+
+
 class RolloutEngine:
     """Plays batches of episodes; see the module docstring.
 
@@ -237,19 +265,6 @@ class RolloutEngine:
         return actions, texts, [False] * len(episodes), [len(candidates[a]) for a in actions]
 
     # -- the episode loop ------------------------------------------------------------------------------
-    def _step_envs(self, episodes: list[_Episode], actions: list) -> list[tuple[tuple, float]]:
-        """(env.step(action), seconds) for each episode, in order; concurrent for `parallel_step` envs."""
-        def step(row: int):
-            t0 = time.perf_counter()
-            out = episodes[row].env.step(actions[row])
-            return out, time.perf_counter() - t0
-
-        workers = min(self.config.env_workers, len(episodes))
-        if workers > 1 and all(getattr(ep.env, "parallel_step", False) for ep in episodes):
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env-step") as pool:
-                return list(pool.map(step, range(len(episodes))))
-        return [step(row) for row in range(len(episodes))]
-
     @torch.no_grad()
     def run(self, envs: list, seeds: list[int], env_id: str = "", policy_version: int = 0,
             generator: torch.Generator | None = None) -> list[Trajectory]:
@@ -279,7 +294,7 @@ class RolloutEngine:
             actions, texts, ended_with_eos, n_tokens = act(logits, live, generator)
             decode_s = time.perf_counter() - t0
             keep = []
-            stepped = self._step_envs(live, actions)
+            stepped = step_envs(live, actions, cfg.env_workers)
             for row, ep in enumerate(live):
                 (obs, reward, terminated, truncated, info), env_s = stepped[row]
                 for name, value in info.get("reward_components", {}).items():
@@ -312,20 +327,7 @@ class RolloutEngine:
         if self.record_layer_inputs is not None:
             self.layer_inputs = [torch.cat(ep.layer_inputs) for ep in finished]
         self._captured, self._recording = None, False
-        return [self._record(ep, policy_version) for ep in finished]
-
-    def _record(self, ep: _Episode, policy_version: int) -> Trajectory:
-        first_policy = next((i for i, m in enumerate(ep.mask) if m), len(ep.mask))
-        return Trajectory(
-            token_ids=ep.token_ids, source_mask=ep.mask, behavior_logprobs=ep.logprobs,
-            policy_version=policy_version, turns=ep.turns, rewards=ep.components,
-            return_=sum(t.reward for t in ep.turns), termination=ep.termination or "failure",
-            env_version=str(ep.info.get("env_version", getattr(ep.env, "env_version", ""))),
-            task_id=str(ep.info.get("task_id", "")), seed=int(ep.seed), env_id=ep.env_id,
-            prompt_length=first_policy, choice_steps=ep.choice_steps,
-            extra={k: ep.info[k] for k in ("truncated_by",) if k in ep.info},
-        )
-
+        return [episode_record(ep, policy_version) for ep in finished]
 
 @dataclass
 class UnitBatch:

@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from common.chat import ChatFormat
 from common.records import Trajectory, Turn
-from common.rollout import RolloutConfig, sample_from_logits
+from common.rollout import RolloutConfig, _Episode, episode_record, sample_from_logits, step_envs
 
 REQUIREMENTS_HINT = "pip install -r requirements-gpu.txt (needs a CUDA GPU; the default `hf` rollout backend needs no vLLM)"
 
@@ -267,27 +266,6 @@ def sync_weights(model, generator, version: int) -> float:
 
 # ---- the rollout loop -------------------------------------------------------------------------------
 
-@dataclass
-class _Episode:
-    """Per-episode state while a batch runs (mirrors common.rollout's, minus the KV-cache fields)."""
-
-    env: object
-    seed: int
-    env_id: str
-    token_ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    components: dict = field(default_factory=dict)
-    termination: str = ""
-    info: dict = field(default_factory=dict)
-
-    def append(self, ids: list[int], mask: int, logprobs: list[float] | None = None):
-        self.token_ids += ids
-        self.mask += [mask] * len(ids)
-        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
-
-
 class TokenRolloutEngine:
     """`RolloutEngine.run` in free mode, with each turn's sampling done by `generator` (see the module docstring).
 
@@ -304,21 +282,6 @@ class TokenRolloutEngine:
                              "backend such as vLLM does not expose; use common.rollout.RolloutEngine for it")
         self.generator, self.tokenizer, self.config = generator, tokenizer, config
         self.chat = ChatFormat(tokenizer)
-
-    def _step_envs(self, episodes: list[_Episode], actions: list[str]):
-        """(env.step(action), seconds) per episode; threads for `parallel_step` envs, as RolloutEngine."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        def step(row: int):
-            t0 = time.perf_counter()
-            out = episodes[row].env.step(actions[row])
-            return out, time.perf_counter() - t0
-
-        workers = min(self.config.env_workers, len(episodes))
-        if workers > 1 and all(getattr(ep.env, "parallel_step", False) for ep in episodes):
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env-step") as pool:
-                return list(pool.map(step, range(len(episodes))))
-        return [step(row) for row in range(len(episodes))]
 
     def _generate(self, live: list[_Episode], generator: torch.Generator | None):
         cfg, eos = self.config, self.chat.eos_id
@@ -362,7 +325,7 @@ class TokenRolloutEngine:
                 ep.append(list(ids), 1, [float(x) for x in lps])  # the ids as sampled: never re-tokenised
                 texts.append(self.tokenizer.decode([t for t in ids if t != eos]))
                 ended.append(ids[-1] == eos)
-            stepped = self._step_envs(live, texts)
+            stepped = step_envs(live, texts, cfg.env_workers)
             keep = []
             for row, ep in enumerate(live):
                 (obs, reward, terminated, truncated, info), env_s = stepped[row]
@@ -388,18 +351,4 @@ class TokenRolloutEngine:
             live = [live[i] for i in keep]
         order = {id(ep): i for i, ep in enumerate(episodes)}
         finished.sort(key=lambda ep: order[id(ep)])
-        return [self._record(ep, version) for ep in finished]
-
-    @staticmethod
-    def _record(ep: _Episode, policy_version: int) -> Trajectory:
-        # the same fields as RolloutEngine._record (tests/test_vllm_backend.py compares the two engines)
-        first_policy = next((i for i, m in enumerate(ep.mask) if m), len(ep.mask))
-        return Trajectory(
-            token_ids=ep.token_ids, source_mask=ep.mask, behavior_logprobs=ep.logprobs,
-            policy_version=policy_version, turns=ep.turns, rewards=ep.components,
-            return_=sum(t.reward for t in ep.turns), termination=ep.termination or "failure",
-            env_version=str(ep.info.get("env_version", getattr(ep.env, "env_version", ""))),
-            task_id=str(ep.info.get("task_id", "")), seed=int(ep.seed), env_id=ep.env_id,
-            prompt_length=first_policy, choice_steps=[],
-            extra={k: ep.info[k] for k in ("truncated_by",) if k in ep.info},
-        )
+        return [episode_record(ep, version) for ep in finished]
