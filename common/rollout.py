@@ -143,6 +143,32 @@ def step_envs(episodes: list[_Episode], actions: list, workers: int) -> list[tup
     return [step(row) for row in range(len(episodes))]
 
 
+def book_turn(ep: _Episode, stepped: tuple, text: str, num_action_tokens: int, ended_with_eos: bool, capped: bool,
+              decode_s: float, chat, max_action: int, max_total_tokens: int) -> bool:
+    """Record the environment's answer to one action (`stepped` from `step_envs`); True while the episode goes on.
+
+    Going on appends the next observation's segment to the record; the episode ends at termination or
+    truncation, or when the next observation plus a full action would not fit in `max_total_tokens`.
+    """
+    (obs, reward, terminated, truncated, info), env_s = stepped
+    for name, value in info.get("reward_components", {}).items():
+        ep.components[name] = ep.components.get(name, 0.0) + float(value)
+    ep.turns.append(Turn(action_text=text, observation=obs, reward=float(reward),
+                         action_valid=bool(info.get("action_valid", True)), num_action_tokens=num_action_tokens,
+                         decode_s=decode_s, env_s=env_s, truncated_tokens=capped))
+    ep.info = info
+    if terminated or truncated:
+        ep.termination = info.get("termination", "truncated" if truncated else "failure")
+        return False
+    segment = chat.next_turn_ids(obs, action_ended_with_eos=ended_with_eos)
+    if len(ep.token_ids) + len(segment) + max_action > max_total_tokens:
+        ep.termination = "truncated"
+        ep.info = {**info, "truncated_by": "max_total_tokens"}
+        return False
+    ep.append(segment, 0)
+    return True
+
+
 def episode_record(ep: _Episode, policy_version: int) -> Trajectory:
     """The finished episode as the trajectory record (every rollout engine writes it through here)."""
     first_policy = next((i for i, m in enumerate(ep.mask) if m), len(ep.mask))
@@ -296,27 +322,12 @@ class RolloutEngine:
             keep = []
             stepped = step_envs(live, actions, cfg.env_workers)
             for row, ep in enumerate(live):
-                (obs, reward, terminated, truncated, info), env_s = stepped[row]
-                for name, value in info.get("reward_components", {}).items():
-                    ep.components[name] = ep.components.get(name, 0.0) + float(value)
                 capped = cfg.action_mode == "free" and not ended_with_eos[row]
-                ep.turns.append(Turn(action_text=texts[row], observation=obs, reward=float(reward),
-                                     action_valid=bool(info.get("action_valid", True)), num_action_tokens=n_tokens[row],
-                                     decode_s=decode_s, env_s=env_s, truncated_tokens=capped))
-                ep.info = info
-                if terminated or truncated:
-                    ep.termination = info.get("termination", "truncated" if truncated else "failure")
+                if book_turn(ep, stepped[row], texts[row], n_tokens[row], ended_with_eos[row], capped, decode_s,
+                             self.chat, max_action, cfg.max_total_tokens):
+                    keep.append(row)  # its next segment is queued behind the action's unfed tokens
+                else:
                     finished.append(ep)
-                    continue
-                segment = self.chat.next_turn_ids(obs, action_ended_with_eos=ended_with_eos[row])
-                if len(ep.token_ids) + len(segment) + max_action > cfg.max_total_tokens:
-                    # the total-token cap: the next observation plus a full action would not fit
-                    ep.termination = "truncated"
-                    ep.info = {**info, "truncated_by": "max_total_tokens"}
-                    finished.append(ep)
-                    continue
-                ep.append(segment, 0)  # queued behind the action's unfed tokens
-                keep.append(row)
             if len(keep) < len(live):
                 if keep:
                     self._drop_rows(keep)

@@ -38,8 +38,8 @@ import time
 import torch
 
 from common.chat import ChatFormat
-from common.records import Trajectory, Turn
-from common.rollout import RolloutConfig, _Episode, episode_record, sample_from_logits, step_envs
+from common.records import Trajectory
+from common.rollout import RolloutConfig, _Episode, book_turn, episode_record, sample_from_logits, step_envs
 
 REQUIREMENTS_HINT = "pip install -r requirements-gpu.txt (needs a CUDA GPU; the default `hf` rollout backend needs no vLLM)"
 
@@ -328,26 +328,11 @@ class TokenRolloutEngine:
             stepped = step_envs(live, texts, cfg.env_workers)
             keep = []
             for row, ep in enumerate(live):
-                (obs, reward, terminated, truncated, info), env_s = stepped[row]
-                for name, value in info.get("reward_components", {}).items():
-                    ep.components[name] = ep.components.get(name, 0.0) + float(value)
-                ep.turns.append(Turn(action_text=texts[row], observation=obs, reward=float(reward),
-                                     action_valid=bool(info.get("action_valid", True)),
-                                     num_action_tokens=len(outs[row][0]), decode_s=decode_s, env_s=env_s,
-                                     truncated_tokens=not ended[row]))
-                ep.info = info
-                if terminated or truncated:
-                    ep.termination = info.get("termination", "truncated" if truncated else "failure")
+                if book_turn(ep, stepped[row], texts[row], len(outs[row][0]), ended[row], not ended[row], decode_s,
+                             self.chat, max_action, cfg.max_total_tokens):
+                    keep.append(row)
+                else:
                     finished.append(ep)
-                    continue
-                segment = self.chat.next_turn_ids(obs, action_ended_with_eos=ended[row])
-                if len(ep.token_ids) + len(segment) + max_action > cfg.max_total_tokens:
-                    ep.termination = "truncated"  # the total-token cap, as RolloutEngine applies it
-                    ep.info = {**info, "truncated_by": "max_total_tokens"}
-                    finished.append(ep)
-                    continue
-                ep.append(segment, 0)
-                keep.append(row)
             live = [live[i] for i in keep]
         order = {id(ep): i for i, ep in enumerate(episodes)}
         finished.sort(key=lambda ep: order[id(ep)])
