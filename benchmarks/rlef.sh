@@ -6,8 +6,9 @@
 #   iteration 1 (1 group x 4 episodes x 2 attempts): 1160 s = decode 1141 s + sandbox 0.35 s + update 19.1 s
 #   (perf/decode_s, perf/sandbox_s, perf/update_s); pass fraction 0.00, return -0.125, 62% of attempts without a
 #   closed ```python block (charts/invalid_action_rate).
-#   pass@1 after training: NOT measured - the docs' run was stopped after iteration 1 (iteration 2 and the final
-#   evaluation would have taken another ~40 min at that load); this script runs the command to its end.
+#   2026-11-29 rerun to the end (load average 1.5-3, 410 s in all): pass@1 0.000 -> 0.000 after 2 iterations
+#   (8 episodes), mean pass fraction 0.016 -> 0.016; iterations 94.7 s (decode 86.2, sandbox 0.1, update 8.4) and
+#   129.5 s (108.2 / 0.2 / 21.1): benchmarks/results/rlef_codegen.md.
 # Machine: 2-core x86_64 CPU shared with ~8 other jobs (load average 20-27), with OMP_NUM_THREADS=2: wall times
 # inflated ~10-20x over an idle machine, whose time was not measured (estimated 1-2 min per iteration).
 #   bash benchmarks/rlef.sh          # runs under benchmarks/runs/rlef (OUT=... to change)
