@@ -9,6 +9,8 @@
 #   2026-11-29 rerun to the end (load average 1.5-3, 410 s in all): pass@1 0.000 -> 0.000 after 2 iterations
 #   (8 episodes), mean pass fraction 0.016 -> 0.016; iterations 94.7 s (decode 86.2, sandbox 0.1, update 8.4) and
 #   129.5 s (108.2 / 0.2 / 21.1): benchmarks/results/rlef_codegen.md.
+#   Longer run (the second command below, 881 s, machine otherwise idle): pass@1 0.000 -> 0.000 -> 0.125 -> 0.125 at
+#   iterations 0/10/20/30, mean pass fraction 0.016 -> 0.141; 25.3 s per iteration = decode 88% + sandbox 0.9% + update 11%.
 # Machine: 2-core x86_64 CPU shared with ~8 other jobs (load average 20-27), with OMP_NUM_THREADS=2: wall times
 # inflated ~10-20x over an idle machine, whose time was not measured (estimated 1-2 min per iteration).
 #   bash benchmarks/rlef.sh          # runs under benchmarks/runs/rlef (OUT=... to change)
@@ -27,3 +29,10 @@ OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 2 --grou
 python benchmarks/plot.py "$OUT" --tags eval/pass@1 eval/pass@k eval/mean_reward charts/pass_fraction \
     charts/episodic_return charts/invalid_action_rate perf/decode_s perf/sandbox_s perf/update_s \
     --x-axes episodes wall --output "$OUT/results"
+
+# the longer run (RUN_LONG=1 bash benchmarks/rlef.sh): 30 iterations, held-out evaluation every 10
+if [ -n "${RUN_LONG:-}" ]; then
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 30 --group-size 4 --resample-budget 0 \
+      --max-turn-tokens 128 --eval-tasks 4 --eval-samples 2 --eval-k 2 --humaneval-tasks 0 --eval-every 10 \
+      --output-dir "$OUT/long"
+fi
