@@ -129,6 +129,19 @@ class _Episode:
         self.unfed += ids
 
 
+def start_episodes(envs: list, seeds: list[int], env_id: str, chat, max_action: int,
+                   max_total_tokens: int) -> list[_Episode]:
+    """Reset each environment with its seed and put the system + first observation prompt in its record."""
+    episodes = [_Episode(env, seed, env_id) for env, seed in zip(envs, seeds)]
+    for ep in episodes:
+        obs, ep.info = ep.env.reset(seed=ep.seed)
+        ep.append(chat.prompt_ids(ep.env.system_prompt, obs), 0)
+        if len(ep.token_ids) + max_action > max_total_tokens:
+            raise ValueError(f"max_total_tokens={max_total_tokens} cannot hold the first prompt "
+                             f"({len(ep.token_ids)} tokens) and one action")
+    return episodes
+
+
 def step_envs(episodes: list[_Episode], actions: list, workers: int) -> list[tuple[tuple, float]]:
     """(env.step(action), seconds) for each episode, in order; concurrent for `parallel_step` envs."""
     def step(row: int):
@@ -299,16 +312,10 @@ class RolloutEngine:
 
         self._recording = self.record_layer_inputs is not None
         self.cache, self.attn = DynamicCache(), None
-        episodes = [_Episode(env, seed, env_id) for env, seed in zip(envs, seeds)]
         max_action = cfg.max_turn_tokens
         if cfg.action_mode == "choice":
             max_action = max(len(c) for c in self.action_candidates(envs[0]))
-        for ep in episodes:
-            obs, ep.info = ep.env.reset(seed=ep.seed)
-            ep.append(self.chat.prompt_ids(ep.env.system_prompt, obs), 0)
-            if len(ep.token_ids) + max_action > cfg.max_total_tokens:
-                raise ValueError(f"max_total_tokens={cfg.max_total_tokens} cannot hold the first prompt "
-                                 f"({len(ep.token_ids)} tokens) and one action")
+        episodes = start_episodes(envs, seeds, env_id, self.chat, max_action, cfg.max_total_tokens)
         live = list(episodes)
         finished: list[_Episode] = []
         while live:

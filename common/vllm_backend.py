@@ -39,7 +39,7 @@ import torch
 
 from common.chat import ChatFormat
 from common.records import Trajectory
-from common.rollout import RolloutConfig, _Episode, book_turn, episode_record, sample_from_logits, step_envs
+from common.rollout import RolloutConfig, book_turn, episode_record, sample_from_logits, start_episodes, step_envs
 
 REQUIREMENTS_HINT = "pip install -r requirements-gpu.txt (needs a CUDA GPU; the default `hf` rollout backend needs no vLLM)"
 
@@ -283,7 +283,7 @@ class TokenRolloutEngine:
         self.generator, self.tokenizer, self.config = generator, tokenizer, config
         self.chat = ChatFormat(tokenizer)
 
-    def _generate(self, live: list[_Episode], generator: torch.Generator | None):
+    def _generate(self, live: list, generator: torch.Generator | None):
         cfg, eos = self.config, self.chat.eos_id
         # one seed per episode and turn, from the script's RNG (which may live on the GPU)
         where = generator.device if generator is not None else "cpu"
@@ -307,14 +307,8 @@ class TokenRolloutEngine:
         if policy_version is not None and policy_version != version:
             raise ValueError(f"policy_version={policy_version} but the generator holds weights of version {version}: "
                              "call sync_weights(model, generator, version) after each update")
-        episodes = [_Episode(env, seed, env_id) for env, seed in zip(envs, seeds)]
         max_action = cfg.max_turn_tokens
-        for ep in episodes:
-            obs, ep.info = ep.env.reset(seed=ep.seed)
-            ep.append(self.chat.prompt_ids(ep.env.system_prompt, obs), 0)
-            if len(ep.token_ids) + max_action > cfg.max_total_tokens:
-                raise ValueError(f"max_total_tokens={cfg.max_total_tokens} cannot hold the first prompt "
-                                 f"({len(ep.token_ids)} tokens) and one action")
+        episodes = start_episodes(envs, seeds, env_id, self.chat, max_action, cfg.max_total_tokens)
         live, finished = list(episodes), []
         while live:
             t0 = time.perf_counter()
