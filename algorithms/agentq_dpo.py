@@ -21,11 +21,9 @@ Usage:
     python algorithms/agentq_dpo.py --pair-level both                      # step- and trajectory-level pairs
     python algorithms/agentq_dpo.py --lora-r 8                             # LoRA adapters; reference = adapters off
     python algorithms/agentq_dpo.py --device cuda                          # one GPU
+    torchrun --nproc_per_node 2 algorithms/agentq_dpo.py --model tiny     # data parallel: each rank searches its trees
     python algorithms/agentq_dpo.py --checkpoint-every 1                   # then, after a crash or Ctrl-C:
     python algorithms/agentq_dpo.py --resume runs/<run> --total-iterations 5  # continue (and extend) that run
-
-Measured: `--total-iterations 3 --num-tasks 2 --num-simulations 4 --max-depth 12 --eval-episodes 1` took
-23 min wall (2 min 15 s of CPU) on a heavily shared 2-core CPU; see docs/agentq_dpo.md, Results.
 
 Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
 `package.module:Factory` passed as --env-id with snapshot()/restore()).
@@ -39,8 +37,9 @@ Where this departs from the paper / seed:
 - The seed's eq. 12.9-12.10 pair whole trajectories; AgentQ (and the default here) pairs steps.
   Log-probs of a choice-mode action are normalised over the action names (the choice policy); the
   normaliser cancels in a step pair's log-ratio difference.
-- One process: no torchrun data parallelism (the trees are searched batched, one simulation per tree
-  in lockstep, with one KV cache).
+- Under torchrun each rank searches a contiguous block of the --num-tasks trees (batched: one simulation
+  per tree in lockstep, one KV cache) and all ranks then train on every rank's pairs: each minibatch of
+  pairs is split over the ranks and their gradients summed (the global mean loss; 2 ranks == 1 process).
 """
 
 from __future__ import annotations
@@ -57,16 +56,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from transformers import DynamicCache
+import tyro
 
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import print0, seed_everything
+from common.distributed import dist_info, init_distributed, print0, rank_param_divergence, seed_everything
 from common.models import adapter_disabled, apply_lora, load_model, resolve_device, save_model
 from common.records import ChoiceStep, Trajectory
-from common.rollout import RolloutConfig, RolloutEngine, policy_logprobs, sample_from_logits, score_candidates
+from common.rollout import KVBatch, RolloutConfig, RolloutEngine, policy_logprobs, sample_from_logits, score_candidates
 from common.tracking import Tracker, make_run_name
 
 
@@ -144,6 +144,10 @@ class Args:
     eval_episodes: int = 4
     """greedy episodes on held-out seeds before training and after every iteration; 0 disables"""
 
+    # filled in at runtime
+    world_size: tyro.conf.Suppress[int] = 1
+    """number of processes (torchrun)"""
+
 
 # the flags --resume lets differ from the saved run (none of them changes what the search samples or trains on)
 RESUMABLE = {"total_iterations", "checkpoint_every", "eval_episodes", "save_model", "resume", "output_dir"}
@@ -171,6 +175,8 @@ def validate_args(args: Args):
     for name in ("min_q_gap", "eval_episodes", "trainable_layers", "checkpoint_every", "lora_r"):
         if getattr(args, name) < 0:
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
+    if args.num_tasks % dist_info()[2]:  # torchrun: each rank searches an equal block of the trees
+        problems.append(f"--num-tasks {args.num_tasks} must be divisible by the {dist_info()[2]} processes")
     if problems:
         raise SystemExit("agentq_dpo.py: " + "; ".join(problems))
 
@@ -220,40 +226,10 @@ def backup(path: list[Node], gamma: float) -> float:
     return ret
 
 
-class LiveBatch:
-    """One KV cache over the simulations in flight (one row each), grown by appending segments: left-padded
-    into a column block, padding masked, position ids counting real tokens only (as common/rollout.py)."""
-
-    def __init__(self, model, pad_id: int, device):
-        self.body, self.head, self.pad_id, self.device = model.get_decoder(), model.get_output_embeddings(), pad_id, device
-        self.cache, self.attn, self.tokens = DynamicCache(), None, 0
-
-    def feed(self, segments: list[list[int]]) -> torch.Tensor:
-        width = max(1, max(len(s) for s in segments))
-        ids = torch.full((len(segments), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(segments), width), dtype=torch.long)
-        for row, seg in enumerate(segments):
-            if seg:
-                ids[row, width - len(seg):], mask[row, width - len(seg):] = torch.tensor(seg), 1
-        self.tokens += int(mask.sum())
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        self.attn = mask if self.attn is None else torch.cat([self.attn, mask], 1)
-        pos = (self.attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
-        hidden = self.body(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
-                           use_cache=True).last_hidden_state
-        return self.head(hidden[:, -1]).float()
-
-    def keep(self, rows: list[int]):
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        self.cache.batch_select_indices(index)
-        self.attn = self.attn[index]
-
-
 @torch.no_grad()
 def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args, mode: str, gen: torch.Generator):
     """Grow one tree per (env, seed) with `args.num_simulations` simulations, the trees batched in lockstep.
     Returns (roots, simulations, tokens fed) where simulations[i] is a list of (path, return) per tree."""
-    device = next(model.parameters()).device
     pad_id = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
     candidates = [chat.encode(n) for n in env_list[0].action_names] if mode == "choice" else None
     roots = []
@@ -265,7 +241,7 @@ def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args
         paths = [[root] for root in roots]
         live = list(range(len(roots)))  # trees whose simulation is still walking
         unfed = {i: roots[i].prefix for i in live}
-        batch = LiveBatch(model, pad_id, device)
+        batch = KVBatch(model, pad_id)  # one cache over the simulations in flight (common/rollout.py)
         while live:
             ended = [i for i in live if paths[i][-1].done or paths[i][-1].depth >= args.max_depth]
             for i in ended:
@@ -318,7 +294,7 @@ def search(model, chat: ChatFormat, env_list: list, seeds: list[int], args: Args
     return roots, sims, tokens
 
 
-def generate(batch: LiveBatch, logits, rows_mask: list[bool], chat: ChatFormat, args: Args, gen) -> dict:
+def generate(batch: KVBatch, logits, rows_mask: list[bool], chat: ChatFormat, args: Args, gen) -> dict:
     """Free mode: sample one action for the flagged rows (others feed masked pads), up to EOS or the cap.
     Every sampled token but the last is then in the cache; the last one is returned as still to feed."""
     n = len(rows_mask)
@@ -432,12 +408,39 @@ def pair_logprobs(model, pairs: list[Pair], mode: str, token_norm: bool) -> torc
     return torch.stack(out)
 
 
+def gather_lists(local: dict[str, list], world: int) -> dict[str, list]:
+    """torchrun: each list of the ranks' dicts concatenated in rank order, on every rank (one process: as is)."""
+    if world == 1:
+        return local
+    parts = [None] * world
+    dist.all_gather_object(parts, local)
+    return {k: [x for part in parts for x in part[k]] for k in local}
+
+
+def split_pair_logprobs(model, pairs: list[Pair], mode: str, token_norm: bool, size: int, rank: int, world: int):
+    """[P, 2] log-probs of every pair on every rank; under torchrun each rank scores a 1/world share, then all gather."""
+    share = -(-len(pairs) // world)
+    mine = pairs[rank * share:(rank + 1) * share]
+    lp = torch.cat([pair_logprobs(model, mine[i:i + size], mode, token_norm) for i in range(0, len(mine), size)]
+                   or [torch.zeros(0, 2)]).float()
+    if world == 1:
+        return lp
+    device = next(model.parameters()).device
+    padded = torch.zeros(share, 2, device=device)
+    padded[:len(lp)] = lp
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat(parts)[:len(pairs)]
+
+
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "agentq_dpo.py")
     validate_args(args)
     device = resolve_device(args.device)
+    rank, _, world = init_distributed(device)  # torchrun: each rank searches num_tasks / world trees
+    args.world_size = world
     run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
-    ckpt = Checkpointer(run_dir, args.checkpoint_every)  # one process: rank 0 of 1
+    ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, world)
     resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
     if resumed and args.total_iterations < resumed["counters"]["iteration"]:
         raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration "
@@ -469,11 +472,14 @@ if __name__ == "__main__":
             layer.requires_grad_(True)
         model.get_decoder().norm.requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
+    if world > 1:  # identical starting weights on every rank (LoRA's init draws random numbers)
+        for p in params:
+            dist.broadcast(p.data, src=0)
     # the frozen initial policy of eq. 12.10; with LoRA, the policy with its adapters off (no second copy)
     ref_model = model if args.lora_r else load_model(args.model, device, dtype, seed=args.seed)[0].requires_grad_(False)
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     model.eval()
-    gen, py_rng = torch.Generator(device=device).manual_seed(args.seed), random.Random(args.seed)
+    gen, py_rng = torch.Generator(device=device).manual_seed(args.seed + rank), random.Random(args.seed)
     generators, first_iteration = {"search": gen, "shuffle": py_rng}, 1
     if resumed:  # trained weights, AdamW moments and every RNG, as they were after the checkpoint's iteration
         ckpt.restore(resumed, model, optimizer, generators=generators)
@@ -483,7 +489,7 @@ if __name__ == "__main__":
     candidates = [chat.encode(n) for n in names] if mode == "choice" else None
     engine = RolloutEngine(model, tokenizer, RolloutConfig(action_mode=mode, temperature=0.0, max_turn_tokens=args.max_turn_tokens,
                                                            choice_token_norm=args.choice_token_norm))
-    tracker = Tracker(run_dir, vars(args), resume_state=resumed and resumed["tracker"])
+    tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
     print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {mode} mode, {args.num_tasks} trees x "
            f"{args.num_simulations} simulations, k = {args.num_candidates}")
     start = time.time()
@@ -491,12 +497,11 @@ if __name__ == "__main__":
     def run_eval(iteration: int):
         """Greedy episodes (temperature 0, no RNG drawn) on seeds disjoint from the search's task seeds."""
         if args.eval_episodes > 0:
-            n = args.eval_episodes
-            trajs = engine.run([envs.make(args.env_id) for _ in range(n)], [(1 << 40) + args.seed * 1000 + i for i in range(n)],
-                               args.env_id)
-            metrics = {"success_rate": float(np.mean([t.success for t in trajs])),
-                       "episodic_return": float(np.mean([t.return_ for t in trajs])),
-                       "episode_length": float(np.mean([t.num_steps for t in trajs]))}
+            seeds = [(1 << 40) + args.seed * 1000 + i for i in range(args.eval_episodes)][rank::world]  # torchrun: shares
+            trajs = engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id) if seeds else []
+            got = gather_lists({"success_rate": [t.success for t in trajs], "episodic_return": [t.return_ for t in trajs],
+                                "episode_length": [t.num_steps for t in trajs]}, world)
+            metrics = {k: float(np.mean(v)) for k, v in got.items()}
             tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, iteration)
             tracker.trajectories(trajs, iteration, limit=1)
             print0(f"eval @ iter {iteration} | greedy success {metrics['success_rate']:.2f} "
@@ -508,64 +513,77 @@ if __name__ == "__main__":
     for iteration in range(first_iteration, args.total_iterations + 1):
         # ---- search: one MCTS tree per task, with the current policy ----
         t0 = time.time()
-        seeds = [(args.seed * 100_000 + iteration) * 1_000 + i for i in range(args.num_tasks)]
+        block = args.num_tasks // world  # torchrun: this rank's contiguous block of the iteration's tasks
+        seeds = [(args.seed * 100_000 + iteration) * 1_000 + i for i in range(rank * block, (rank + 1) * block)]
         roots, sims, tokens = search(model, chat, [envs.make(args.env_id) for _ in seeds], seeds, args, mode, gen)
         search_s = time.time() - t0
-        episodes = [(path, ret) for tree in sims for path, ret in tree]
 
-        # ---- preference pairs (step-level by default; eq. 12.9 by flag) ----
+        # ---- preference pairs (step-level by default; eq. 12.9 by flag), then every rank's, on every rank ----
         pairs = []
         for root, tree in zip(roots, sims):
             if args.pair_level in ("step", "both"):
                 pairs += step_pairs(root, candidates, mode, args.min_q_gap)
             if args.pair_level in ("trajectory", "both"):
                 pairs += trajectory_pair(tree, candidates, mode, args.min_q_gap)
+        found = gather_lists({"pairs": pairs, "tokens": [tokens], "nodes": [count_nodes(r) for r in roots],
+                              "returns": [ret for tree in sims for _, ret in tree],
+                              "success": [path[-1].termination == "success" for tree in sims for path, _ in tree],
+                              "lengths": [len(path) - 1 for tree in sims for path, _ in tree],
+                              "tree_success": [any(p[-1].termination == "success" for p, _ in tree) for tree in sims]}, world)
+        pairs = found["pairs"]
 
         # ---- DPO against the frozen initial policy (eq. 12.10) ----
         t1, size = time.time(), args.pairs_per_step
-        stats = {"loss": [], "chosen": [], "rejected": [], "grad_norm": []}
+        stats = {"chosen": [], "rejected": [], "grad_norm": []}
         if pairs:
             with torch.no_grad(), adapter_disabled(ref_model) as reference:  # reference log-probs: once per iteration
-                ref = torch.cat([pair_logprobs(reference, pairs[i:i + size], mode, args.choice_token_norm)
-                                 for i in range(0, len(pairs), size)])
+                ref = split_pair_logprobs(reference, pairs, mode, args.choice_token_norm, size, rank, world)
             model.train()
             for epoch in range(args.dpo_epochs):
                 order = list(range(len(pairs)))
                 py_rng.shuffle(order)
                 for i in range(0, len(order), size):
                     idx = order[i:i + size]
-                    logp = pair_logprobs(model, [pairs[j] for j in idx], mode, args.choice_token_norm)
-                    loss, chosen_r, rejected_r = dpo_loss(logp[:, 0], logp[:, 1], ref[idx, 0], ref[idx, 1], args.beta)
+                    mine = idx[rank::world]  # torchrun: this rank's share of the minibatch (maybe none)
                     optimizer.zero_grad()
-                    loss.backward()
+                    if mine:
+                        logp = pair_logprobs(model, [pairs[j] for j in mine], mode, args.choice_token_norm)
+                        loss, chosen_r, rejected_r = dpo_loss(logp[:, 0], logp[:, 1], ref[mine, 0], ref[mine, 1], args.beta)
+                        (loss * len(mine) / len(idx)).backward()  # summed over ranks: the minibatch's mean loss
+                    if world > 1:
+                        for p in params:
+                            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+                            dist.all_reduce(p.grad)
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
                     optimizer.step()
-                    if epoch == 0:  # the first pass: every pair scored once, by the weights of this iteration
-                        stats["loss"] += [loss.item()] * len(idx)
+                    if epoch == 0 and mine:  # the first pass: every pair scored once, by the weights of this iteration
                         stats["chosen"] += chosen_r.tolist()
                         stats["rejected"] += rejected_r.tolist()
+                    if epoch == 0:
                         stats["grad_norm"].append(grad_norm)
             model.eval()
         update_s = time.time() - t1
 
         # ---- logging ----
+        stats.update(gather_lists({k: stats[k] for k in ("chosen", "rejected")}, world))
         chosen, rejected = np.array(stats["chosen"] or [0.0]), np.array(stats["rejected"] or [0.0])
         mean = lambda xs: float(np.mean(xs)) if xs else 0.0  # no pairs: 0 rather than NaN
+        tokens = sum(found["tokens"])
         scalars = {
-            "charts/episodic_return": mean([ret for _, ret in episodes]),
-            "charts/success_rate": mean([path[-1].termination == "success" for path, _ in episodes]),
-            "charts/tree_success_rate": mean([any(p[-1].termination == "success" for p, _ in t) for t in sims]),
-            "charts/episode_length": mean([len(path) - 1 for path, _ in episodes]),
+            "charts/episodic_return": mean(found["returns"]), "charts/success_rate": mean(found["success"]),
+            "charts/tree_success_rate": mean(found["tree_success"]), "charts/episode_length": mean(found["lengths"]),
             "charts/num_pairs": float(len(pairs)), "charts/num_step_pairs": float(sum(p.level == "step" for p in pairs)),
-            "losses/dpo_loss": mean(stats["loss"]),
+            "losses/dpo_loss": float(np.logaddexp(0.0, rejected - chosen).mean()) if pairs else 0.0,  # -log sigma(margin)
             "diagnostics/chosen_reward": float(chosen.mean()), "diagnostics/rejected_reward": float(rejected.mean()),
             "diagnostics/reward_margin": float((chosen - rejected).mean()),
             "diagnostics/reward_accuracy": float((chosen > rejected).mean()) if pairs else 0.0,
             "diagnostics/q_gap_mean": mean([p.gap for p in pairs]),
-            "diagnostics/tree_nodes": mean([count_nodes(r) for r in roots]),
+            "diagnostics/tree_nodes": mean(found["nodes"]),
             "diagnostics/grad_norm": mean(stats["grad_norm"]),
             "perf/search_s": search_s, "perf/update_s": update_s, "perf/search_tokens_per_s": tokens / search_s,
         }
+        if world > 1:  # every rank applied the same summed gradients: their weights must agree exactly
+            scalars["diagnostics/rank_param_divergence"] = rank_param_divergence(params)
         tracker.scalars(scalars, iteration)
         print0(f"iter {iteration}/{args.total_iterations} | search success {scalars['charts/success_rate']:.2f} "
                f"| return {scalars['charts/episodic_return']:.2f} | pairs {len(pairs)} "
@@ -583,9 +601,11 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
-    if args.save_model:
+    if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
         save_model(model, tokenizer, path)  # with LoRA: the adapter only (+ the record of its base)
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
+    if world > 1:
+        dist.destroy_process_group()

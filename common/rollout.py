@@ -196,6 +196,43 @@ def episode_record(ep: _Episode, policy_version: int) -> Trajectory:
     )
 
 
+class KVBatch:
+    """One KV cache over a batch of token streams (one row each), grown by appending segments.
+
+    Segments are left-padded into a column block and the padding is masked; position ids count real tokens only,
+    so a row's numbers do not depend on what the other rows hold. Rows that are done leave with `keep`.
+    """
+
+    def __init__(self, model, pad_id: int):
+        from transformers import DynamicCache
+
+        self.body, self.head = _lm_parts(model)
+        self.pad_id, self.device = pad_id, next(model.parameters()).device
+        self.cache, self.attn, self.tokens = DynamicCache(), None, 0  # tokens: real (unpadded) tokens fed so far
+
+    def feed(self, segments: list[list[int]]) -> torch.Tensor:
+        """Append each row's segment (an empty one feeds a masked pad); return float logits at each row's last token."""
+        width = max(1, max(len(s) for s in segments))
+        ids = torch.full((len(segments), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(segments), width), dtype=torch.long)
+        for row, seg in enumerate(segments):
+            if seg:
+                ids[row, width - len(seg):], mask[row, width - len(seg):] = torch.tensor(seg), 1
+        self.tokens += int(mask.sum())
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        self.attn = mask if self.attn is None else torch.cat([self.attn, mask], 1)
+        pos = (self.attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
+        hidden = self.body(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
+                           use_cache=True).last_hidden_state
+        return self.head(hidden[:, -1]).float()
+
+    def keep(self, rows: list[int]):
+        """Drop every row not in `rows` (indices into the current batch, in the order to keep)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.attn = self.attn[index]
+
+
 class RolloutEngine:
     """Plays batches of episodes; see the module docstring.
 
@@ -229,29 +266,14 @@ class RolloutEngine:
 
     # -- the KV cache ----------------------------------------------------------------------------------
     def _feed(self, segments: list[list[int]], rows: list[_Episode]) -> torch.Tensor:
-        """Append each row's segment (left-padded) to the cache; return logits at each row's last token."""
-        width = max(len(s) for s in segments)
-        ids = torch.full((len(segments), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(segments), width), dtype=torch.long)
-        for row, seg in enumerate(segments):
-            if seg:
-                ids[row, width - len(seg):] = torch.tensor(seg)
-                mask[row, width - len(seg):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        self.attn = mask if self.attn is None else torch.cat([self.attn, mask], 1)
-        pos = (self.attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
-        hidden = self.body(input_ids=ids, attention_mask=self.attn, position_ids=pos, past_key_values=self.cache,
-                           use_cache=True).last_hidden_state
+        """Append each row's segment to the batch's cache; return logits at each row's last token."""
+        logits = self.kv.feed(segments)
         if self.record_layer_inputs is not None:
+            width = max(len(s) for s in segments)
             for row, (seg, ep) in enumerate(zip(segments, rows)):
                 if seg:
                     ep.layer_inputs.append(self._captured[row, width - len(seg):])
-        return self.head(hidden[:, -1]).float()
-
-    def _drop_rows(self, keep: list[int]):
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.cache.batch_select_indices(index)
-        self.attn = self.attn[index]
+        return logits
 
     # -- acting ----------------------------------------------------------------------------------------
     def _act_free(self, logits: torch.Tensor, episodes: list[_Episode], generator):
@@ -282,7 +304,7 @@ class RolloutEngine:
     def _act_choice(self, logits: torch.Tensor, episodes: list[_Episode], generator):
         cfg = self.config
         candidates = self.action_candidates(episodes[0].env)
-        scores = score_candidates(self.model, self.cache, self.attn, logits, candidates, cfg.choice_token_norm)
+        scores = score_candidates(self.model, self.kv.cache, self.kv.attn, logits, candidates, cfg.choice_token_norm)
         action_logp = F.log_softmax(scores / (cfg.temperature or 1.0), -1)
         if cfg.temperature == 0:
             chosen = action_logp.argmax(-1)
@@ -308,10 +330,8 @@ class RolloutEngine:
     def run(self, envs: list, seeds: list[int], env_id: str = "", policy_version: int = 0,
             generator: torch.Generator | None = None) -> list[Trajectory]:
         cfg = self.config
-        from transformers import DynamicCache
-
         self._recording = self.record_layer_inputs is not None
-        self.cache, self.attn = DynamicCache(), None
+        self.kv = KVBatch(self.model, self.pad_id)
         max_action = cfg.max_turn_tokens
         if cfg.action_mode == "choice":
             max_action = max(len(c) for c in self.action_candidates(envs[0]))
@@ -337,9 +357,9 @@ class RolloutEngine:
                     finished.append(ep)
             if len(keep) < len(live):
                 if keep:
-                    self._drop_rows(keep)
+                    self.kv.keep(keep)
                 live = [live[i] for i in keep]
-        self.cache, self.attn = None, None
+        self.kv = None
         order = {id(ep): i for i, ep in enumerate(episodes)}
         finished.sort(key=lambda ep: order[id(ep)])
         if self.record_layer_inputs is not None:
@@ -474,7 +494,7 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
         rows_ent.append(ent)
     units = max(1, max(len(r) for r in rows_lp))
     zero = hidden.new_zeros(())
-    pad = lambda r: torch.stack(list(r) + [zero] * (units - len(r)))  # noqa: E731
+    pad = lambda r: torch.stack(list(r) + [zero] * (units - len(r)))
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (units - len(r)) for r in rows_lp], device=device)
     return UnitBatch(torch.stack([pad(r) for r in rows_lp]), torch.stack([pad(r) for r in rows_ent]), mask)
 
