@@ -59,7 +59,8 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import all_reduce_mean, global_loss_denominator, init_distributed, print0, seed_everything
+from common.distributed import (all_reduce_mean, global_loss_denominator, init_distributed, print0, rank_param_divergence,
+                                seed_everything)
 from common.models import (adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, load_model,
                            parameter_counts, resolve_device, save_model)
 from common.records import Trajectory
@@ -560,6 +561,8 @@ if __name__ == "__main__":
             "perf/rollout_tokens_per_s": sum(len(t.token_ids) for t in trajs) / rollout_s,
             "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,
         }
+        if args.world_size > 1:  # every rank applied the same averaged update: their weights must agree exactly
+            scalars["diagnostics/rank_param_divergence"] = rank_param_divergence(params)
         scalars = all_reduce_mean(scalars)
         tracker.scalars(scalars, episodes_seen)
         if iteration == 1 or iteration % 10 == 0:
