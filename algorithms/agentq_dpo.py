@@ -38,8 +38,8 @@ Where this departs from the paper / seed:
   Log-probs of a choice-mode action are normalised over the action names (the choice policy); the
   normaliser cancels in a step pair's log-ratio difference.
 - Under torchrun each rank searches a contiguous block of the --num-tasks trees (batched: one simulation
-  per tree in lockstep, one KV cache) and all ranks then train on every rank's pairs: each minibatch of
-  pairs is split over the ranks and their gradients summed (the global mean loss; 2 ranks == 1 process).
+  per tree in lockstep, one KV cache) and all ranks then train on every rank's pairs: pair j is rank
+  j mod N's, and the ranks' gradients on their pairs of a minibatch are summed (2 ranks == 1 process).
 """
 
 from __future__ import annotations
@@ -417,22 +417,6 @@ def gather_lists(local: dict[str, list], world: int) -> dict[str, list]:
     return {k: [x for part in parts for x in part[k]] for k in local}
 
 
-def split_pair_logprobs(model, pairs: list[Pair], mode: str, token_norm: bool, size: int, rank: int, world: int):
-    """[P, 2] log-probs of every pair on every rank; under torchrun each rank scores a 1/world share, then all gather."""
-    share = -(-len(pairs) // world)
-    mine = pairs[rank * share:(rank + 1) * share]
-    lp = torch.cat([pair_logprobs(model, mine[i:i + size], mode, token_norm) for i in range(0, len(mine), size)]
-                   or [torch.zeros(0, 2)]).float()
-    if world == 1:
-        return lp
-    device = next(model.parameters()).device
-    padded = torch.zeros(share, 2, device=device)
-    padded[:len(lp)] = lp
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return torch.cat(parts)[:len(pairs)]
-
-
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "agentq_dpo.py")
     validate_args(args)
@@ -536,15 +520,18 @@ if __name__ == "__main__":
         t1, size = time.time(), args.pairs_per_step
         stats = {"chosen": [], "rejected": [], "grad_norm": []}
         if pairs:
+            own, ref = list(range(rank, len(pairs), world)), torch.zeros(len(pairs), 2, device=device)  # torchrun: a share
             with torch.no_grad(), adapter_disabled(ref_model) as reference:  # reference log-probs: once per iteration
-                ref = split_pair_logprobs(reference, pairs, mode, args.choice_token_norm, size, rank, world)
+                for i in range(0, len(own), size):
+                    ref[own[i:i + size]] = pair_logprobs(reference, [pairs[j] for j in own[i:i + size]], mode,
+                                                         args.choice_token_norm)
             model.train()
             for epoch in range(args.dpo_epochs):
                 order = list(range(len(pairs)))
                 py_rng.shuffle(order)
                 for i in range(0, len(order), size):
                     idx = order[i:i + size]
-                    mine = idx[rank::world]  # torchrun: this rank's share of the minibatch (maybe none)
+                    mine = [j for j in idx if j % world == rank]  # torchrun: its own pairs in the minibatch (maybe none)
                     optimizer.zero_grad()
                     if mine:
                         logp = pair_logprobs(model, [pairs[j] for j in mine], mode, args.choice_token_norm)

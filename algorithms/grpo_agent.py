@@ -17,6 +17,7 @@ Usage:
     # full fine-tune with the KL reference in 3.7 GiB of RAM (docs/grpo_agent.md, Memory):
     python algorithms/grpo_agent.py --trainable-layers 0 --beta 0.04 --gradient-checkpointing --malloc-mmap-threshold-kib 1024
     torchrun --nproc_per_node 2 algorithms/grpo_agent.py --model tiny # data parallel (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node 8 algorithms/grpo_agent.py --fsdp --model <path>  # layers sharded over the ranks (FSDP2)
     python algorithms/grpo_agent.py --checkpoint-every 5              # then, after a crash or Ctrl-C:
     python algorithms/grpo_agent.py --resume runs/<run> [--total-iterations 50]
 
@@ -54,8 +55,8 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, global_loss_denominator, init_distributed, print0, rank_param_divergence,
-                                seed_everything)
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
+                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
 from common.models import adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
@@ -108,6 +109,9 @@ class Args:
     """LoRA scale numerator: the update is (alpha / r) B A"""
     gradient_checkpointing: bool = False
     """recompute layer activations in the backward (full fine-tuning under 4 GB RSS needs it; see docs, "Memory")"""
+    fsdp: bool = False
+    """torchrun: shard the decoder layers' weights, gradients and AdamW state over the ranks (PyTorch FSDP2); the
+    weights are gathered whole for rollouts (see docs, "FSDP")"""
     update_epochs: int = 2
     """optimisation epochs over each batch (1: on-policy, ratio = 1, as DeepSeekMath; >1 reuses the batch under the clip)"""
     micro_batch_size: int = 4
@@ -194,6 +198,8 @@ def validate_args(args: Args):
     if args.rollout_backend == "vllm" and args.action_mode != "free":
         problems.append("--rollout-backend vllm needs --action-mode free (choice mode scores action names on the "
                         "trainer's KV cache, which vLLM does not expose)")
+    if args.fsdp and dist_info()[2] < 2:
+        problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
         raise SystemExit("grpo_agent.py: " + "; ".join(problems))
 
@@ -350,10 +356,11 @@ if __name__ == "__main__":
         model.get_decoder().norm.requires_grad_(True)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    params = [p for p in model.parameters() if p.requires_grad]
     if args.world_size > 1:  # start from identical weights on every rank: broadcast, not seeding alone
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
+    fsdp_layers = shard_layers(model) if args.fsdp else []  # (FSDP replaces the layers' parameters by their shards)
+    params = [p for p in model.parameters() if p.requires_grad]
     ref_model = None
     if args.beta > 0 and args.lora_r > 0:
         ref_model = model  # the reference is the policy with its adapters switched off: no second copy
@@ -381,9 +388,9 @@ if __name__ == "__main__":
     if args.action_mode == "choice" and not getattr(envs.make(args.env_id), "action_names", None):
         raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
 
-    def all_reduce_grads():
+    def all_reduce_grads():  # FSDP has already reduced the sharded layers' gradients (a reduce-scatter in the backward)
         if args.world_size > 1:
-            for p in params:
+            for p in (p for p in params if not is_sharded(p)):
                 if p.grad is None:  # this rank had nothing to train on: it still joins the all-reduce
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad)
@@ -401,7 +408,7 @@ if __name__ == "__main__":
             sft_opt.zero_grad()
             sft_loss.backward()
             all_reduce_grads()
-            torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            clip_grad_norm(params, args.max_grad_norm)
             sft_opt.step()
             tracker.scalars({"losses/sft_loss": sft_loss.item()}, step)
             if step % 10 == 0 or step == args.sft_steps:
@@ -422,9 +429,9 @@ if __name__ == "__main__":
             sync_weights(model, vllm_gen, version=first_iteration - 1)
 
     def run_eval(iteration: int):
-        if args.eval_every > 0 and rank == 0:
-            with autocast(device):
-                metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed)
+        with gathered(fsdp_layers if args.eval_every > 0 else []), autocast(device):  # FSDP: all gather, rank 0 evaluates
+            metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed) if args.eval_every and rank == 0 else {}
+        if metrics:
             tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
             print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
                    f"| return {metrics['episodic_return']:.2f}")
@@ -437,7 +444,7 @@ if __name__ == "__main__":
         t0 = time.time()
         task_seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_groups + g for g in range(args.num_groups)]
         seeds = [s for s in task_seeds for _ in range(args.group_size)]
-        with autocast(device):
+        with autocast(device), gathered(fsdp_layers):  # FSDP: whole weights, so ranks' rollouts may differ in length
             trajs = engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
                                generator=sample_gen)
         rollout_s = time.time() - t0
@@ -470,12 +477,17 @@ if __name__ == "__main__":
             num_units, num_seqs = global_loss_denominator(unit_mask.sum().item()), len(train_trajs)
             seq_denominator = global_loss_denominator(num_seqs)
             chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
+            if fsdp_layers:  # a sharded layer's forward and backward are collective: every rank runs as many micro-batches
+                most = torch.tensor(len(chunks), device=device)
+                dist.all_reduce(most, op=dist.ReduceOp.MAX)
+                chunks += [None] * (int(most) - len(chunks))  # None: a zero-weight pass over this rank's first episode
             trunk = lambda c: ([train_inputs[i] for i in c], frozen_below) if train_inputs else (None, 0)  # noqa: E731
             ref_logp = torch.zeros_like(old_logp)
             if ref_model is not None:
                 tr = time.time()
-                with torch.no_grad(), autocast(device), adapter_disabled(ref_model) as reference:
-                    for c in chunks:
+                with torch.no_grad(), autocast(device), adapter_disabled(ref_model) as reference, \
+                        gathered(fsdp_layers if reference is model else []):
+                    for c in (c for c in chunks if c is not None):
                         ref = policy_logprobs(reference, [train_trajs[i] for i in c], args.action_mode, args.temperature,
                                               args.choice_token_norm, *trunk(c)).logprobs
                         ref_logp[c.start:c.stop, : ref.shape[1]] = ref
@@ -484,6 +496,11 @@ if __name__ == "__main__":
             for epoch in range(args.update_epochs):
                 optimizer.zero_grad(set_to_none=False)
                 for c in chunks:
+                    if c is None:
+                        pad = policy_logprobs(model, trajs[:1], args.action_mode, args.temperature, args.choice_token_norm,
+                                              *(([engine.layer_inputs[0]], frozen_below) if train_inputs is not None else (None, 0)))
+                        (pad.logprobs.sum() * 0).backward()
+                        continue
                     with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
                         units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
                                                 args.choice_token_norm, *trunk(c))
@@ -504,7 +521,7 @@ if __name__ == "__main__":
                         for k in stats:
                             stats[k] += s[k]
                 all_reduce_grads()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
+                grad_norm = clip_grad_norm(params, args.max_grad_norm)
                 optimizer.step()
             model.eval()
         if vllm_gen is not None:  # the next rollout samples from the updated weights, and records their version
@@ -570,9 +587,10 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
+    weights = full_tensors(model.state_dict()) if args.save_model and fsdp_layers else None  # FSDP: collective
     if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
-        save_model(model, tokenizer, path)  # with LoRA: the adapter only
+        save_model(model, tokenizer, path, weights)  # with LoRA: the adapter only
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()

@@ -47,7 +47,13 @@ CONFIGS = {
     "full-kl-lora": ("all layers, β = 0.04, LoRA r16", ["--trainable-layers", "0", "--beta", "0.04", "--lora-r", "16"]),
     "full-kl-lora-gc": ("all layers, β = 0.04, LoRA r16, grad. checkpointing",
                         ["--trainable-layers", "0", "--beta", "0.04", "--lora-r", "16", "--gradient-checkpointing"]),
+    "full-gc-ddp2": ("all layers, β = 0, grad. checkpointing, torchrun 2 ranks (one rank's peak)",
+                     ["--trainable-layers", "0", "--gradient-checkpointing"]),
+    "full-gc-fsdp2": ("all layers, β = 0, grad. checkpointing, torchrun 2 ranks `--fsdp` (one rank's peak)",
+                      ["--trainable-layers", "0", "--gradient-checkpointing", "--fsdp"]),
 }
+# configurations run under torchrun: the number of processes (ru_maxrss of the launcher is its largest rank's peak)
+RANKS = {"full-gc-ddp2": 2, "full-gc-fsdp2": 2}
 KEEP = "<!-- kept by benchmarks/memory.py -->"
 COMMON = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "0", "--no-filter-zero-variance", "--seed", "1"]
 
@@ -77,7 +83,8 @@ def machine() -> str:
 
 def _spawn(cmd: list[str], env: dict, timeout: float) -> tuple[int, float, float, str]:
     """Run cmd; return (exit code, peak RSS in GiB, seconds, output). The child is reaped with os.wait4, whose
-    rusage is that child's alone (ru_maxrss in KiB on Linux)."""
+    ru_maxrss (KiB on Linux) is the largest of the child's and its reaped descendants' peaks: under torchrun, the
+    largest rank's."""
     with tempfile.TemporaryFile("w+") as log:
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -144,11 +151,15 @@ def main(argv=None):
         for threshold in args.thresholds:
             with tempfile.TemporaryDirectory() as out:
                 flags = ["--model", args.model, *COMMON, *CONFIGS[config][1], "--malloc-mmap-threshold-kib", str(threshold)]
-                code, peak, seconds, log = _spawn([sys.executable, SCRIPT, *flags, "--output-dir", out], env, args.timeout)
+                launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS[config]),
+                          "--master_port", str(29700 + threshold % 97)] if config in RANKS else [sys.executable]
+                code, peak, seconds, log = _spawn([*launch, SCRIPT, *flags, "--output-dir", out], env, args.timeout)
             row = {"config": config, "model": args.model, "threshold": threshold, "peak_gib": peak, "seconds": seconds,
                    "phases": phase_times(log), "exit": code, "note": args.note, "machine": mach,
                    "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-                   "command": f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} python {SCRIPT} {shlex.join(flags)}"}
+                   "command": f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
+                              + (f"torchrun --nproc_per_node {RANKS[config]}" if config in RANKS else "python")
+                              + f" {SCRIPT} {shlex.join(flags)}"}
             if code != 0:
                 print(log[-2000:], file=sys.stderr)
             print(f"{config:18s} threshold {threshold:5d} KiB | peak {peak:.2f} GiB | {seconds:.0f} s | {row['phases']} "

@@ -86,20 +86,33 @@ def main_job() -> str:
     ])
 
 
-def three_way() -> str:
-    """Seed 003's three-way table, from benchmarks/hybrid_three_way.py's output (latency columns dropped: see the file)."""
-    text = (RESULTS / "hybrid_three_way.md").read_text()
+def _three_way(name: str, command: str, with_seed: bool) -> str:
+    """A table of benchmarks/hybrid_three_way.py's output (latency columns dropped: see the file)."""
+    text = (RESULTS / f"{name}.md").read_text()
     ours, seed = markdown_tables(text)[:2]
     keep = ["agent", "resources", "steps", "goal rate", "return", "planner calls / episode"]
     idx = [ours[0].index(k) for k in keep]
     lines = ["| " + " | ".join(keep) + " |", "|" + " --- |" * len(keep)]
     lines += ["| " + " | ".join(r[i] for i in idx) + " |" for r in ours[1:]]
-    sidx = [seed[0].index(k) for k in ("agent", "resources", "steps", "goal rate", "reward", "LLM calls")]
-    lines += ["| *" + " | ".join(r[i] for i in sidx) + "* |" for r in seed[1:]]
+    if with_seed:
+        sidx = [seed[0].index(k) for k in ("agent", "resources", "steps", "goal rate", "reward", "LLM calls")]
+        lines += ["| *" + " | ".join(r[i] for i in sidx) + "* |" for r in seed[1:]]
     first = text.splitlines()[2].split("; latencies")[0] + "."  # the setting and the machine
-    return "\n".join(lines + ["", f"{first} Rewards of the seed's rows are on its own scale. Source: "
-                              "`python benchmarks/hybrid_three_way.py`, [benchmarks/results/hybrid_three_way.md]"
-                              "(benchmarks/results/hybrid_three_way.md)."])
+    scale = " Rewards of the seed's rows are on its own scale." if with_seed else ""
+    return "\n".join(lines + ["", f"{first}{scale} "
+                              f"Source: `{command}`, [benchmarks/results/{name}.md](benchmarks/results/{name}.md)."])
+
+
+def three_way() -> str:
+    """Seed 003's three-way table on its own layout, with the seed's numbers beside ours."""
+    return _three_way("hybrid_three_way", "python benchmarks/hybrid_three_way.py", with_seed=True)
+
+
+def three_way_procedural() -> str:
+    """The same three agents trained on the procedural layouts and evaluated on the held-out ones (not in the seed)."""
+    return _three_way("hybrid_three_way_procedural", "python benchmarks/hybrid_three_way.py --env-id gridworld-procedural "
+                      "--eval-env-kwargs '{\"split\": \"test\"}' --output benchmarks/results/hybrid_three_way_procedural",
+                      with_seed=False)
 
 
 def zero_shot() -> str:
@@ -181,7 +194,7 @@ def record_tests(log: str, commit: str = "") -> None:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, otherwise idle"}, indent=1) + "\n")
 
 
-BLOCKS = {"main-job": main_job, "three-way": three_way, "zero-shot": zero_shot, "performance": performance,
+BLOCKS = {"main-job": main_job, "three-way": three_way, "three-way-procedural": three_way_procedural, "zero-shot": zero_shot, "performance": performance,
           "memory": memory, "tests": tests_block}
 
 

@@ -60,6 +60,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.distributed import full_tensors, gathered, is_sharded, shard_like, sharded_modules
+
 MANIFEST = "checkpoint.json"
 FORMAT = 1
 
@@ -211,7 +213,8 @@ def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def frozen_fingerprint(model: torch.nn.Module) -> float:
     """A cheap checksum of the frozen parameters: a resumed run must rebuild the same base model."""
     with torch.no_grad():
-        return float(sum(p.double().abs().sum().item() for p in model.parameters() if not p.requires_grad))
+        return float(sum((p.full_tensor() if is_sharded(p) else p).double().abs().sum().item()  # FSDP: collective
+                         for p in model.parameters() if not p.requires_grad))
 
 
 def load_trainable_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tensor], fingerprint: float | None = None):
@@ -223,8 +226,8 @@ def load_trainable_state_dict(model: torch.nn.Module, weights: dict[str, torch.T
     if fingerprint is not None and not np.isclose(frozen_fingerprint(model), fingerprint, rtol=1e-9, atol=1e-6):
         raise SystemExit("the frozen weights differ from those the checkpoint was trained on (a different --model?)")
     with torch.no_grad():
-        for n, p in trainable.items():
-            p.copy_(weights[n])
+        for n, p in trainable.items():  # FSDP: this rank's slice of the whole tensor
+            p.to_local().copy_(shard_like(weights[n], p).to_local()) if is_sharded(p) else p.copy_(weights[n])
 
 
 # ---- Ctrl-C ----
@@ -295,14 +298,16 @@ class Checkpointer:
             torch.save(rngs[0], buffer)
             dist.all_gather_object(blobs, buffer.getvalue())
             rngs = [torch.load(io.BytesIO(b), weights_only=True) for b in blobs]
-        path = None
+        path, sharded = None, sharded_modules(model)
+        optim = optimizer.state_dict() if optimizer is not None and (sharded or self.rank == 0) else None
+        optim = full_tensors(optim) if sharded else optim  # FSDP: every rank joins in gathering the slices
+        with gathered(sharded):  # FSDP: whole weights while rank 0 copies them
+            weights = (trainable_state_dict(model), frozen_fingerprint(model)) if self.rank == 0 else None
         if self.rank == 0:
             if tracker is not None:
                 tracker.flush()  # what the tracker state says was logged must be on disk
-            state = {"format": FORMAT, "counters": dict(counters), "model": trainable_state_dict(model),
-                     "frozen_fingerprint": frozen_fingerprint(model),
-                     "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                     "schedulers": [s.state_dict() for s in schedulers], "rng": rngs,
+            state = {"format": FORMAT, "counters": dict(counters), "model": weights[0], "frozen_fingerprint": weights[1],
+                     "optimizer": optim, "schedulers": [s.state_dict() for s in schedulers], "rng": rngs,
                      "tracker": tracker.state_dict() if tracker is not None else None, "extra": extra}
             path = save_checkpoint(self.run_dir, state, counters["iteration"])
         if self.world_size > 1:
@@ -324,6 +329,9 @@ class Checkpointer:
         load_trainable_state_dict(model, state["model"], state.get("frozen_fingerprint"))
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
+            for p, moments in optimizer.state.items():  # FSDP: keep this rank's slice of each whole moment
+                if is_sharded(p):
+                    moments.update({k: shard_like(v, p) for k, v in moments.items() if torch.is_tensor(v) and v.dim() > 0})
         for s, sd in zip(schedulers, state["schedulers"], strict=True):
             s.load_state_dict(sd)
         set_rng_state(state["rng"][self.rank], generators)

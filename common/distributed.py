@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -75,10 +77,12 @@ def rank_param_divergence(params) -> float:
 
     DDP-style training keeps ranks identical only if every rank applies the same averaged update; a rank
     that skipped an all-reduce or stepped on its own gradients drifts. Cheap: two numbers per tensor.
+    FSDP-sharded parameters are left out (their slices differ by design), so with every trained parameter
+    sharded (LoRA under FSDP) there is nothing to compare and the result is 0.0.
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    params = [p for p in params if not is_sharded(p)]  # FSDP: each rank holds a different slice by design
+    if not (dist.is_available() and dist.is_initialized()) or not params:
         return 0.0
-    params = list(params)
     local = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for p in params])
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     local = local.to(device)
@@ -87,3 +91,88 @@ def rank_param_divergence(params) -> float:
     gap = (local - reference).abs().max()
     dist.all_reduce(gap, op=dist.ReduceOp.MAX)
     return float(gap)
+
+
+# ---- FSDP (`--fsdp`): the decoder layers sharded over the ranks (PyTorch's FSDP2, `fully_shard`) ----
+
+def shard_layers(model) -> list:
+    """Shard every decoder layer's weights, gradients and optimizer state over the ranks (1/world each).
+
+    The layers hold nearly all of an LLM's parameters. The embeddings, the final norm and the (tied) LM head stay
+    replicated: their gradients are all-reduced as without FSDP. Call it after the starting weights are broadcast
+    and before the optimizer is built; the returned layers are what `gathered` takes.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    layers = list(model.get_decoder().layers)
+    for layer in layers:
+        fully_shard(layer)
+    return layers
+
+
+@contextmanager
+def gathered(layers: list):
+    """Whole weights on every rank inside the block (one all-gather per layer, collective: every rank enters it).
+
+    A sharded layer gathers its weights in each forward, so every rank would have to run the same forwards;
+    rollouts differ in length from rank to rank. Inside the block forwards need no communication, and
+    `named_parameters()` yields the whole tensors (for checkpoints and saving). An empty list: a no-op.
+    """
+    for layer in layers:
+        layer.set_reshard_after_forward(False)
+        layer.unshard()
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.reshard()
+            layer.set_reshard_after_forward(True)
+
+
+def sharded_modules(model) -> list:
+    """The modules of `model` that FSDP shards (empty without FSDP)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def clip_grad_norm(params: list, max_norm: float) -> float:
+    """`torch.nn.utils.clip_grad_norm_` for a mix of FSDP-sharded gradients (each rank holds a slice) and
+    replicated ones (the same on every rank, after their all-reduce); returns the total norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g.to_local() for g in grads if is_sharded(g)]
+    if not sharded:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+    local = torch.stack([g.detach().double().square().sum() for g in sharded]).sum()
+    dist.all_reduce(local)  # the slices' sums of squares add up to the whole tensors'
+    total = math.sqrt(float(local) + sum(float(g.detach().double().square().sum()) for g in grads if not is_sharded(g)))
+    coef = max_norm / (total + 1e-6)  # as torch's clip_grad_norm_
+    if coef < 1:
+        for g in grads:
+            (g.to_local() if is_sharded(g) else g).mul_(coef)
+    return total
+
+
+def full_tensors(obj):
+    """`obj` (nested dicts/lists, e.g. an optimizer's state_dict) with every sharded tensor gathered whole (collective)."""
+    if is_sharded(obj):
+        return obj.full_tensor()
+    if isinstance(obj, dict):
+        return {k: full_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(full_tensors(v) for v in obj)
+    return obj
+
+
+def shard_like(tensor: torch.Tensor, param) -> torch.Tensor:
+    """The slice of a whole `tensor` that this rank holds for the sharded `param` (no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(tensor.to(param.device_mesh.device_type), param.device_mesh, param.placements,
+                             src_data_rank=None)

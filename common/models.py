@@ -207,20 +207,21 @@ def adapter_disabled(model):
         yield model
 
 
-def save_model(model, tokenizer, path: str):
+def save_model(model, tokenizer, path: str, state_dict: dict | None = None):
     """`--save-model`: a full model is saved with `save_pretrained` (weights + config + tokenizer); a LoRA
     model saves only its adapter (`adapter_config.json`, `adapter_model.safetensors`) plus `agentrl_base.json`
-    naming the base that `load_model` rebuilds (`tiny` needs its seed: its weights are random but seeded)."""
+    naming the base that `load_model` rebuilds (`tiny` needs its seed: its weights are random but seeded).
+    `state_dict`: the whole weights when the model's own are sharded (FSDP: `common.distributed.full_tensors`)."""
     os.makedirs(path, exist_ok=True)
     if is_peft(model):
         # save_embedding_layers=False: the embeddings are not trained, and "auto" would query the Hub
-        model.save_pretrained(path, save_embedding_layers=False)
+        model.save_pretrained(path, save_embedding_layers=False, state_dict=state_dict)
         record = getattr(model, "agentrl_base", None)
         if record is None:
             raise ValueError("save_model: this adapter's base was not made by load_model; cannot record it")
         Path(path, BASE_RECORD).write_text(json.dumps(record))
     else:
-        model.save_pretrained(path)
+        model.save_pretrained(path, state_dict=state_dict)
     tokenizer.save_pretrained(path)
 
 
