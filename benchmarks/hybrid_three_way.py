@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -106,7 +107,9 @@ def main(args: Args) -> None:
                         f"{' '.join(map(str, args.seeds))} --output-dir {out} --script-args \"{script_args}\"")
         if run.main(cells) != 0:
             raise SystemExit(f"some {planner} runs failed; see {out}/*/*/*/stdout.log")
-        rows[planner] = final_eval(sorted(p.parent for p in out.rglob("args.json")))
+        # only --seeds: runs of other seeds may sit in the same folder (an earlier, longer benchmark)
+        rows[planner] = final_eval(sorted(p.parent for p in out.rglob("args.json")
+                                          if json.loads(p.read_text())["seed"] in args.seeds))
     llm_rows = {f"pure LLM (T = {t:g})": pure_llm(args, t) for t in (0.0, 1.0)}
 
     pm = lambda m, k, f="{:.2f}": f"{f.format(m[k][0])} ± {f.format(m[k][1])}"  # noqa: E731
@@ -137,7 +140,7 @@ def main(args: Args) -> None:
     png = f"{args.output}_curves.png"
     if plot.plot(runs, "charts/episodic_return", ["episodes"], png):
         lines += ["", f"Training return (ε-greedy) against training episodes: ![curves]({Path(png).name})"]
-    lines += ["", "Commands:", "", "```bash", f"python benchmarks/hybrid_three_way.py {' '.join(sys.argv[1:])}".strip(),
+    lines += ["", "Commands:", "", "```bash", f"python benchmarks/hybrid_three_way.py {shlex.join(sys.argv[1:])}".strip(),
               "# which runs:", *commands, "```", "", f"Benchmark wall clock: {time.time() - started:.0f} s."]
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.output}.md").write_text("\n".join(lines) + "\n")

@@ -86,9 +86,10 @@ def main_job() -> str:
     ])
 
 
-def _three_way(name: str, command: str, with_seed: bool) -> str:
+def _three_way(name: str, with_seed: bool) -> str:
     """A table of benchmarks/hybrid_three_way.py's output (latency columns dropped: see the file)."""
     text = (RESULTS / f"{name}.md").read_text()
+    command = next(line for line in text.splitlines() if line.startswith("python benchmarks/hybrid_three_way.py"))
     ours, seed = markdown_tables(text)[:2]
     keep = ["agent", "resources", "steps", "goal rate", "return", "planner calls / episode"]
     idx = [ours[0].index(k) for k in keep]
@@ -105,14 +106,12 @@ def _three_way(name: str, command: str, with_seed: bool) -> str:
 
 def three_way() -> str:
     """Seed 003's three-way table on its own layout, with the seed's numbers beside ours."""
-    return _three_way("hybrid_three_way", "python benchmarks/hybrid_three_way.py", with_seed=True)
+    return _three_way("hybrid_three_way", with_seed=True)
 
 
 def three_way_procedural() -> str:
     """The same three agents trained on the procedural layouts and evaluated on the held-out ones (not in the seed)."""
-    return _three_way("hybrid_three_way_procedural", "python benchmarks/hybrid_three_way.py --env-id gridworld-procedural "
-                      "--eval-env-kwargs '{\"split\": \"test\"}' --output benchmarks/results/hybrid_three_way_procedural",
-                      with_seed=False)
+    return _three_way("hybrid_three_way_procedural", with_seed=False)
 
 
 def zero_shot() -> str:
