@@ -136,7 +136,7 @@ def main(args: Args) -> None:
               "| agent | resources | steps | goal rate | reward | latency / step | training episodes | LLM calls |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| seed 003: {name} | " + " | ".join(v) + " |" for name, v in SEED003_ROWS.items()]
-    runs = plot.find_runs([args.runs_dir])
+    runs = [r for r in plot.find_runs([args.runs_dir]) if r.seed in args.seeds]
     png = f"{args.output}_curves.png"
     if plot.plot(runs, "charts/episodic_return", ["episodes"], png):
         lines += ["", f"Training return (ε-greedy) against training episodes: ![curves]({Path(png).name})"]
