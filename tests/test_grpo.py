@@ -277,6 +277,9 @@ def test_fsdp_takes_the_data_parallel_steps_and_resumes(tmp_path):
         assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-6), tag
     assert all(v > 0 for _, v in expected["losses/kl"][1:])  # teeth: the policy moved away from the reference
+    # in iteration 1 one rank's only group had zero variance (dropped): under FSDP that rank ran a zero-weight pass
+    # to join the other's collectives (without it the run would hang, not finish)
+    assert got["diagnostics/zero_variance_groups"][0][1] == 0.5
     sharded, whole = (load_file(str(d / "model" / "model.safetensors")) for d in (run_dir, ddp_dir))
     assert set(sharded) == set(whole)
     for name, value in whole.items():
