@@ -15,9 +15,11 @@ Usage:
     torchrun --nproc_per_node=2 algorithms/hybrid_planner.py              # 2 processes (add --device cuda: a GPU each)
     python algorithms/hybrid_planner.py --checkpoint-every 100            # then, after a crash or Ctrl-C:
     python algorithms/hybrid_planner.py --resume runs/<run> [--total-episodes 1200]
+    python algorithms/hybrid_planner.py --env-id babyai-gotolocal --planner oracle  # minigrid's BabyAIBot plans
     python benchmarks/hybrid_three_way.py                                 # seed 003's three-way table
 
-Copying this file out: it needs `common/` (models, chat, rollout, tracking, checkpoint, distributed) and `envs/`.
+Copying this file out: it needs `common/` (models, chat, rollout, tracking, checkpoint, distributed) and `envs/`;
+`envs/subgoals.py` says what a subgoal is in each environment (its features, skills, oracle planner).
 
 Under torchrun each rank plays its own episodes (seeds offset by rank) into its own replay buffer, with its own
 planner and cache; `--total-episodes` counts all ranks' episodes. Every update averages the Q-network gradients over
@@ -27,10 +29,12 @@ Where this departs from the seed:
 - The controller is a Double DQN (van Hasselt et al. 2016) over a one-hot grid, as the seed's "Q-learning 训练的
   策略网络", not PPO: replay reuses every (planner-expensive) step. Under a planner it is paid a bonus for its
   subgoal instead of the goal reward, and a reached subgoal ends its episode (h-DQN, Kulkarni et al. 2016).
-- A 135M model cannot write a reliable free-form plan: the planner *chooses* each subgoal among the remaining
-  resources and goals by the log-probability of its description (GLAM-style), with the environment's wording as
-  expected observation and the Manhattan distance as expected duration; its answers are cached by prompt.
-- One skill, `collect_adjacent`; no doors or keys (BabyAI) yet. Steps left are in the state: a true time limit.
+- A 135M model cannot write a reliable free-form plan: the planner *chooses* each subgoal among the candidates the
+  environment offers (GridWorld: remaining resources and goals; BabyAI: go to / pick up / open an object in the
+  room, drop) by the log-probability of its description (GLAM-style), with the environment's wording as expected
+  observation and the Manhattan distance as expected duration; its answers are cached by prompt.
+- The controller sees the whole grid (and, on BabyAI, the mission's words and the target in its own frame), not
+  the egocentric view. One skill on GridWorld, `collect_adjacent`; none on BabyAI. Steps left are in the state.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from common.distributed import all_reduce_mean, dist_info, init_distributed, pri
 from common.models import load_model, resolve_device
 from common.rollout import score_candidates
 from common.tracking import Tracker, make_run_name
-from envs.gridworld import ACTIONS, GridWorldEnv, plan
+from envs.subgoals import Subgoal, subgoal_interface
 
 
 @dataclass
@@ -78,7 +82,8 @@ class Args:
     model: str = "smollm2-135m"
     """planner LLM: `tiny` (random, for tests), `smollm2-135m` (embedded default) or a local model path"""
     env_id: str = "gridworld"
-    """`gridworld` (seed-003 layout) or `gridworld-procedural` (random layouts; train split by default)"""
+    """`gridworld` (seed-003 layout), `gridworld-procedural` (random layouts; train split by default) or a BabyAI
+    level, e.g. `babyai-gotolocal` (needs minigrid)"""
     output_dir: str = "runs"
     """where run directories are created"""
     checkpoint_every: int = 0
@@ -88,7 +93,8 @@ class Args:
 
     # Algorithm specific arguments
     planner: Literal["llm", "oracle", "none"] = "llm"
-    """`llm`: hybrid; `oracle`: shortest-path planner (upper bound); `none`: the controller alone (pure RL)"""
+    """`llm`: hybrid; `oracle`: the environment's solver (GridWorld: shortest path; BabyAI: BabyAIBot) as planner
+    (upper bound); `none`: the controller alone (pure RL)"""
     total_episodes: int = 800
     """training episodes of the controller"""
     max_subgoals: int = 3
@@ -102,7 +108,7 @@ class Args:
     replan_every: int = 0
     """also replan every N steps (seed 003's first design used 10, its experiment 5); 0 disables"""
     skills: bool = True
-    """let the controller call the skill library (`collect_adjacent`) in addition to the four moves"""
+    """let the controller call the skill library (GridWorld: `collect_adjacent`) in addition to the primitive actions"""
     subgoal_bonus: float = 3.0
     """controller reward for reaching its subgoal; under a planner it replaces the goal reward (+3)"""
     learning_rate: float = 1e-3
@@ -145,26 +151,6 @@ LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_
 
 # the flags --resume lets differ from the saved run (none of them changes what the controller trains on)
 RESUMABLE = {"total_episodes", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir"}
-SKILLS = ("collect_adjacent",)  # action index 4 onwards
-NUM_ACTIONS = len(ACTIONS) + len(SKILLS)
-
-
-@dataclass
-class Subgoal:
-    description: str  # what the planner chose, in words
-    target: tuple[int, int]
-    expected: str  # the observation that marks it done (the environment's wording)
-    expected_steps: int  # the planner's estimate of its duration
-
-
-def next_subgoal(plan: list[Subgoal], layout, state) -> Subgoal | None:
-    """Pop the plan's next subgoal that can still happen: a resource picked up early is skipped (seed 003 pit 3)."""
-    remaining = set(layout.resources) - state.collected
-    while plan:
-        subgoal = plan.pop(0)
-        if subgoal.expected != "collected a resource" or subgoal.target in remaining:
-            return subgoal
-    return None
 
 
 def validate_args(args: Args, world: int = 1) -> dict:
@@ -187,54 +173,9 @@ def validate_args(args: Args, world: int = 1) -> dict:
     return eval_kwargs
 
 
-# ---- state: the layout and the episode state, read through the environment's public snapshot() ----
-def grid_state(env: GridWorldEnv):
-    snap = env.snapshot()
-    return snap["layout"], snap["state"]
-
-
-def features(layout, state, target, max_steps: int) -> np.ndarray:
-    """One-hot channels over the grid: walls, remaining resources, goals, agent, subgoal target; + steps left."""
-    x = np.zeros((5, len(layout.grid), len(layout.grid[0])), dtype=np.float32)
-    remaining, where = set(layout.resources) - state.collected, [state.pos]
-    for channel, cells in enumerate((layout.walls, remaining, layout.goals, where, [target] if target else [])):
-        for r, c in cells:
-            x[channel, r, c] = 1
-    return np.concatenate([x.ravel(), [1 - state.steps / max_steps]]).astype(np.float32)
-
-
-def adjacent_resource(layout, state) -> int | None:
-    """The move that steps onto a remaining resource next to the agent, if any (skill `collect_adjacent`)."""
-    remaining = set(layout.resources) - state.collected
-    for action in range(len(ACTIONS)):
-        pos, blocked = layout.move(state.pos, action)
-        if blocked is None and pos in remaining:
-            return action
-    return None
-
-
-def action_mask(layout, state, skills: bool) -> np.ndarray:
-    """The four moves, and the skill when there is a resource next to the agent."""
-    return np.array([True] * len(ACTIONS) + [skills and adjacent_resource(layout, state) is not None], dtype=bool)
-
-
-# ---- planners ----
-def candidate_subgoals(layout, state, start) -> list[Subgoal]:
-    """What a plan step can be: a remaining resource or a goal, with its expected observation and duration."""
-    manhattan = lambda p: abs(p[0] - start[0]) + abs(p[1] - start[1])
-    cands = [Subgoal(f"collect the resource at row {r}, column {c}", (r, c), "collected a resource", manhattan((r, c)))
-             for r, c in sorted(set(layout.resources) - state.collected)]
-    cands += [Subgoal(f"go to the goal at row {r}, column {c}", (r, c), "reached the goal", manhattan((r, c)))
-              for r, c in sorted(layout.goals)]
-    return cands
-
-
+# ---- planners: both return a list of Subgoals (envs/subgoals.py: what a subgoal is in each environment) ----
 class LLMPlanner:
     """Chooses subgoals one by one by the LM's (length-normalised) log-probability of their descriptions."""
-
-    SYSTEM = ("You plan for an agent A on a grid. Resources R give +1 each, reaching a goal G gives +3 and ends "
-              "the episode, W is a wall, each step costs 0.05. Plan the order: resources first if there is time, "
-              "then a goal.")
 
     def __init__(self, model, tokenizer, device, max_subgoals: int):
         self.model, self.chat, self.device, self.max_subgoals = model, ChatFormat(tokenizer), device, max_subgoals
@@ -242,68 +183,48 @@ class LLMPlanner:
         self.plans = self.model_calls = self.cache_hits = 0
 
     @torch.no_grad()
-    def choose(self, observation: str, planned: list[Subgoal], cands: list[Subgoal]) -> int:
+    def choose(self, system: str, observation: str, planned: list[Subgoal], cands: list[Subgoal]) -> int:
         so_far = "".join(f"\nStep {i + 1}: {s.description}." for i, s in enumerate(planned))
         user = f"{observation}\nPlan so far:{so_far or ' nothing yet.'}\nWhat should step {len(planned) + 1} be?"
         key = (user, tuple(c.description for c in cands))
         self.cache_hits += key in self.cache
         if key not in self.cache:
             self.model_calls += 1
-            prompt = torch.tensor([self.chat.prompt_ids(self.SYSTEM, user)], device=self.device)
+            prompt = torch.tensor([self.chat.prompt_ids(system, user)], device=self.device)
             out = self.model(input_ids=prompt, use_cache=True)
             scores = score_candidates(self.model, out.past_key_values, torch.ones_like(prompt), out.logits[:, -1],
                                       [self.chat.encode(c.description.capitalize() + ".") for c in cands], True)
             self.cache[key] = int(scores[0].argmax())
         return self.cache[key]
 
-    def plan(self, env: GridWorldEnv) -> list[Subgoal]:
+    def plan(self, domain) -> list[Subgoal]:
         self.plans += 1
-        layout, state = grid_state(env)
-        # the grid alone (no step counter, no last feedback): the same situation is the same prompt, so it is cached
-        observation = f"Resources {len(state.collected)}/{len(layout.resources)}. You are A.\n{env.render()}"
-        planned, collected, where = [], set(state.collected), state.pos
-        for _ in range(self.max_subgoals):
-            cands = candidate_subgoals(layout, state.__class__(pos=where, collected=frozenset(collected)), where)
-            pick = cands[self.choose(observation, planned, cands)]
-            planned.append(pick)
-            collected.add(pick.target)
-            where = pick.target
-            if pick.expected == "reached the goal":
+        observation, planned = domain.planner_observation(), []
+        while len(planned) < self.max_subgoals and not domain.plan_complete(planned):
+            cands = domain.candidates(planned)
+            if not cands:
                 break
+            planned.append(cands[self.choose(domain.planner_system, observation, planned, cands)])
         return planned
 
 
 class OraclePlanner:
-    """Subgoals read off a shortest-path plan (envs.gridworld.plan): the best a planner could say."""
+    """The environment's own solver (GridWorld: a shortest path; BabyAI: minigrid's BabyAIBot): the upper bound."""
 
     def __init__(self, max_subgoals: int):
         self.max_subgoals, self.plans, self.model_calls, self.cache_hits = max_subgoals, 0, 0, 0
 
-    def plan(self, env: GridWorldEnv) -> list[Subgoal]:
+    def plan(self, domain) -> list[Subgoal]:
         self.plans += 1
-        layout, state = grid_state(env)
-        planned, steps = [], 0
-        while state.termination is None and len(planned) < self.max_subgoals and state.steps < env.max_steps:
-            _, action = plan(layout, state, env.max_steps)
-            pos, _ = layout.move(state.pos, action)
-            new = pos in set(layout.resources) - state.collected
-            state = state.__class__(pos=pos, collected=state.collected | ({pos} if new else set()), steps=state.steps + 1,
-                                    termination="success" if pos in layout.goals else None)
-            steps += 1
-            if new or pos in layout.goals:
-                kind = "collect the resource" if new else "go to the goal"
-                planned.append(Subgoal(f"{kind} at row {pos[0]}, column {pos[1]}", pos,
-                                       "collected a resource" if new else "reached the goal", steps))
-                steps = 0
-        return planned
+        return domain.oracle_plan(self.max_subgoals)
 
 
 # ---- controller: Double DQN ----
 class QNetwork(nn.Module):
-    def __init__(self, in_dim: int, hidden: int):
+    def __init__(self, in_dim: int, hidden: int, num_actions: int):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, NUM_ACTIONS))
+                                 nn.Linear(hidden, num_actions))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -324,10 +245,10 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class Replay:
     FIELDS = ("obs", "actions", "rewards", "next_obs", "dones", "next_masks")
 
-    def __init__(self, size: int, dim: int):
+    def __init__(self, size: int, dim: int, num_actions: int):
         self.obs, self.next_obs = np.zeros((size, dim), np.float32), np.zeros((size, dim), np.float32)
         self.actions, self.rewards = np.zeros(size, np.int64), np.zeros(size, np.float32)
-        self.dones, self.next_masks = np.zeros(size, np.float32), np.zeros((size, NUM_ACTIONS), bool)
+        self.dones, self.next_masks = np.zeros(size, np.float32), np.zeros((size, num_actions), bool)
         self.size, self.n, self.i = size, 0, 0
 
     def add(self, obs, action, reward, next_obs, done, next_mask):
@@ -350,9 +271,10 @@ class Replay:
 
 
 # ---- one episode of the hybrid agent ----
-def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: float, args: Args,
+def run_episode(env, seed: int, planner, qnet: QNetwork, epsilon: float, args: Args,
                 rng: random.Random, replay: Replay | None = None, on_step=None) -> dict:
     """Plays one episode; stores controller transitions in `replay` if given. Returns its metrics and replans."""
+    domain = subgoal_interface(env)  # the environment's subgoals, features and oracle (envs/subgoals.py)
     observation, _ = env.reset(seed=seed)
     plan_, current, since, since_plan = [], None, 0, 0
     replans: list[tuple[int, str]] = []  # (step, cause)
@@ -363,17 +285,15 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
     def replan(cause: str):
         nonlocal plan_, current, since, since_plan, planner_s
         t = time.perf_counter()
-        plan_ = planner.plan(env)
+        plan_ = planner.plan(domain)
         planner_s += time.perf_counter() - t
-        current, since, since_plan = next_subgoal(plan_, *grid_state(env)), 0, 0
+        current, since, since_plan = domain.next_subgoal(plan_), 0, 0
         replans.append((step, cause))
 
     if planner is not None:
         replan("start")
     while not done:
-        layout, state = grid_state(env)
-        x = features(layout, state, current.target if current else None, env.max_steps)
-        mask = action_mask(layout, state, args.skills and planner is not None)
+        x, mask = domain.features(current), domain.action_mask(args.skills and planner is not None)
         t = time.perf_counter()
         if rng.random() < epsilon:
             action = rng.choice(np.flatnonzero(mask).tolist())
@@ -381,21 +301,19 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
             with torch.no_grad():
                 q = qnet(torch.from_numpy(x)[None])[0].masked_fill(~torch.from_numpy(mask), -torch.inf)
             action = int(q.argmax())
-        move = action if action < len(ACTIONS) else adjacent_resource(layout, state)
-        skill_uses += action >= len(ACTIONS)
+        move = domain.env_action(action)  # a skill resolves to the primitive action it takes now
+        skill_uses += action >= domain.num_primitives
         controller_s += time.perf_counter() - t
         observation, reward, terminated, truncated, info = env.step(move)
         step, since, since_plan = step + 1, since + 1, since_plan + 1
         done = terminated or truncated
-        layout, state = grid_state(env)
-        reached = current is not None and state.pos == current.target and current.expected in observation
+        reached = domain.reached(current, observation)  # the world agrees and the expected observation appeared
         if replay is not None:
             # h-DQN: under a planner, paid for its subgoal (reward - task part + bonus), which ends its episode
             ctrl_reward = reward if planner is None else \
                 reward - info["reward_components"]["task"] + args.subgoal_bonus * reached
-            next_target = current.target if current and not reached else None
-            replay.add(x, action, ctrl_reward, features(layout, state, next_target, env.max_steps),
-                       float(done or reached), action_mask(layout, state, args.skills and planner is not None))
+            replay.add(x, action, ctrl_reward, domain.features(None if reached else current),
+                       float(done or reached), domain.action_mask(args.skills and planner is not None))
         total += reward
         if on_step:
             on_step(done)
@@ -403,16 +321,15 @@ def run_episode(env: GridWorldEnv, seed: int, planner, qnet: QNetwork, epsilon: 
             continue
         # ---- replanning triggers (seed 003, pit 3): expectation violated, plan exhausted, periodic ----
         if reached:
-            current, since = next_subgoal(plan_, layout, state), 0
+            current, since = domain.next_subgoal(plan_), 0
             if current is None and args.replan_when_exhausted:
                 replan("exhausted")
         elif args.replan_on_mismatch and current is not None and since > current.expected_steps + args.replan_bound:
             replan("mismatch")
         elif args.replan_every and since_plan >= args.replan_every:
             replan("periodic")
-    layout, state = grid_state(env)
     return {"return": total, "success": float(info.get("termination") == "success"), "length": step,
-            "resources": len(state.collected), "replans": replans, "skill_uses": skill_uses,
+            "resources": domain.resources(), "replans": replans, "skill_uses": skill_uses,
             "planner_calls": (planner.plans - calls_before) if planner else 0,
             "llm_calls": (planner.model_calls - model_calls_before) if planner else 0,
             "planner_ms_per_step": 1000 * planner_s / step, "controller_ms_per_step": 1000 * controller_s / step}
@@ -451,10 +368,9 @@ if __name__ == "__main__":
     device = resolve_device(args.device)
     try:
         train_env, eval_env = envs.make(args.env_id), envs.make(args.env_id, **eval_kwargs)
-    except (ValueError, TypeError) as e:
-        raise SystemExit(f"--env-id: {e}")
-    if not isinstance(train_env, GridWorldEnv):
-        raise SystemExit(f"--env-id: the hybrid planner needs gridworld or gridworld-procedural, not {args.env_id}")
+        domain = subgoal_interface(train_env)
+    except (ValueError, TypeError, ImportError) as e:
+        raise SystemExit(f"--env-id {args.env_id}: {e}")
     rank, local_rank, world = init_distributed(torch.device("cpu"))  # gloo: the ranks exchange CPU tensors only
     if world > 1 and device.type == "cuda" and device.index is None:  # a GPU per rank for its planner
         device = torch.device("cuda", local_rank)
@@ -470,13 +386,13 @@ if __name__ == "__main__":
     planner = LLMPlanner(model.eval(), tokenizer, device, args.max_subgoals) if model is not None else \
         OraclePlanner(args.max_subgoals) if args.planner == "oracle" else None
     train_env.reset(seed=0)
-    dim = len(features(*grid_state(train_env), None, train_env.max_steps))
-    qnet, target_net = QNetwork(dim, args.hidden_size), QNetwork(dim, args.hidden_size)
+    dim, num_actions = len(domain.features(None)), len(domain.action_names)
+    qnet, target_net = QNetwork(dim, args.hidden_size, num_actions), QNetwork(dim, args.hidden_size, num_actions)
     for p in qnet.parameters() if world > 1 else ():  # identical networks on every rank: broadcast, not seeding alone
         dist.broadcast(p.data, src=0)
     target_net.load_state_dict(qnet.state_dict())
     optimizer = torch.optim.Adam(qnet.parameters(), lr=args.learning_rate)
-    replay = Replay(args.buffer_size, dim)
+    replay = Replay(args.buffer_size, dim, num_actions)
 
     tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
     print0(f"run {os.path.basename(run_dir)}: planner {args.planner}{' (' + args.model + ')' if model is not None else ''}"

@@ -3,6 +3,8 @@
     python benchmarks/hybrid_three_way.py                                  # seed-003 layout, 3 seeds, SmolLM2 planner
     python benchmarks/hybrid_three_way.py --env-id gridworld-procedural --eval-env-kwargs '{"split": "test"}' \
         --output benchmarks/results/hybrid_three_way_procedural      # held-out layouts (the seed did not do this)
+    python benchmarks/hybrid_three_way.py --env-id babyai-gotolocal --seeds 1 \
+        --output benchmarks/results/hybrid_three_way_babyai          # BabyAI: the oracle planner is minigrid's BabyAIBot
 
 RL, hybrid and oracle rows are `algorithms/hybrid_planner.py --planner none|llm|oracle`, run through
 `benchmarks/run.py` (resumable: finished runs are skipped), each evaluated greedily over 50 episodes at the
@@ -107,9 +109,9 @@ def main(args: Args) -> None:
                         f"{' '.join(map(str, args.seeds))} --output-dir {out} --script-args \"{script_args}\"")
         if run.main(cells) != 0:
             raise SystemExit(f"some {planner} runs failed; see {out}/*/*/*/stdout.log")
-        # only --seeds: runs of other seeds may sit in the same folder (an earlier, longer benchmark)
-        rows[planner] = final_eval(sorted(p.parent for p in out.rglob("args.json")
-                                          if json.loads(p.read_text())["seed"] in args.seeds))
+        # only --seeds and --env-id: other runs may sit in the same folder (an earlier benchmark)
+        rows[planner] = final_eval(sorted(p.parent for p in out.rglob("args.json") if (lambda a: a["seed"] in args.seeds
+                                          and a["env_id"] == args.env_id)(json.loads(p.read_text()))))
     llm_rows = {f"pure LLM (T = {t:g})": pure_llm(args, t) for t in (0.0, 1.0)}
 
     pm = lambda m, k, f="{:.2f}": f"{f.format(m[k][0])} ± {f.format(m[k][1])}"  # noqa: E731
@@ -132,11 +134,12 @@ def main(args: Args) -> None:
                      f"{100 * m['success_rate'][0]:.0f}% ± {100 * m['success_rate'][1]:.0f} | {pm(m, 'episodic_return')} | "
                      f"{latency:.2f} ms (planner {m['planner_ms_per_step'][0]:.2f}) | {args.total_episodes} | "
                      f"{m['llm_calls_per_episode'][0]:.2f} |")
-    lines += ["", "Seed 003 §7.2, for reference (its own reward scale, a simulated LLM, 50 episodes):", "",
-              "| agent | resources | steps | goal rate | reward | latency / step | training episodes | LLM calls |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| seed 003: {name} | " + " | ".join(v) + " |" for name, v in SEED003_ROWS.items()]
-    runs = [r for r in plot.find_runs([args.runs_dir]) if r.seed in args.seeds]
+    if args.env_id.startswith("gridworld"):  # the seed's numbers are for its GridWorld only
+        lines += ["", "Seed 003 §7.2, for reference (its own reward scale, a simulated LLM, 50 episodes):", "",
+                  "| agent | resources | steps | goal rate | reward | latency / step | training episodes | LLM calls |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| seed 003: {name} | " + " | ".join(v) + " |" for name, v in SEED003_ROWS.items()]
+    runs = [r for r in plot.find_runs([args.runs_dir]) if r.seed in args.seeds and r.group.startswith(f"{args.env_id} /")]
     png = f"{args.output}_curves.png"
     if plot.plot(runs, "charts/episodic_return", ["episodes"], png):
         lines += ["", f"Training return (ε-greedy) against training episodes: ![curves]({Path(png).name})"]

@@ -90,7 +90,8 @@ def _three_way(name: str, with_seed: bool) -> str:
     """A table of benchmarks/hybrid_three_way.py's output (latency columns dropped: see the file)."""
     text = (RESULTS / f"{name}.md").read_text()
     command = next(line for line in text.splitlines() if line.startswith("python benchmarks/hybrid_three_way.py"))
-    ours, seed = markdown_tables(text)[:2]
+    tables = markdown_tables(text)
+    ours, seed = tables[0], tables[1] if with_seed else None
     keep = ["agent", "resources", "steps", "goal rate", "return", "planner calls / episode"]
     idx = [ours[0].index(k) for k in keep]
     lines = ["| " + " | ".join(keep) + " |", "|" + " --- |" * len(keep)]
@@ -112,6 +113,11 @@ def three_way() -> str:
 def three_way_procedural() -> str:
     """The same three agents trained on the procedural layouts and evaluated on the held-out ones (not in the seed)."""
     return _three_way("hybrid_three_way_procedural", with_seed=False)
+
+
+def three_way_babyai() -> str:
+    """The three agents on a BabyAI level, with minigrid's BabyAIBot as the oracle planner (not in the seed)."""
+    return _three_way("hybrid_three_way_babyai", with_seed=False)
 
 
 def zero_shot() -> str:
@@ -193,7 +199,8 @@ def record_tests(log: str, commit: str = "") -> None:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, otherwise idle"}, indent=1) + "\n")
 
 
-BLOCKS = {"main-job": main_job, "three-way": three_way, "three-way-procedural": three_way_procedural, "zero-shot": zero_shot, "performance": performance,
+BLOCKS = {"main-job": main_job, "three-way": three_way, "three-way-procedural": three_way_procedural,
+          "three-way-babyai": three_way_babyai, "zero-shot": zero_shot, "performance": performance,
           "memory": memory, "tests": tests_block}
 
 

@@ -13,6 +13,7 @@ import torch
 
 import envs
 from common.tracking import read_scalars
+from envs.subgoals import says, subgoal_interface
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("hybrid_planner", ROOT / "algorithms" / "hybrid_planner.py")
@@ -29,7 +30,7 @@ class FixedQ(torch.nn.Module):
         self.action = action
 
     def forward(self, x):
-        q = torch.zeros(x.shape[0], hp.NUM_ACTIONS)
+        q = torch.zeros(x.shape[0], 5)  # GridWorld: four moves + the skill
         q[:, self.action] = 1.0
         return q
 
@@ -91,7 +92,7 @@ def test_a_met_expectation_advances_the_plan_and_an_exhausted_plan_replans():
 
 def test_controller_reward_pays_the_subgoal_instead_of_the_goal():
     env = envs.make("gridworld")
-    replay = hp.Replay(100, 161)
+    replay = hp.Replay(100, 161, 5)
     # subgoal (1, 0) is reached by "up": env reward -0.05, bonus +3, and the controller's episode ends there
     subgoal = hp.Subgoal("go up", (1, 0), "You moved up", expected_steps=1)
     hp.run_episode(env, 0, StubPlanner(subgoal), FixedQ(0), 0.0, make_args(subgoal_bonus=3.0), random.Random(0), replay)
@@ -103,7 +104,7 @@ def test_controller_reward_pays_the_subgoal_instead_of_the_goal():
 def test_oracle_plan_follows_the_shortest_path():
     env = envs.make("gridworld")
     env.reset(seed=0)
-    plan = hp.OraclePlanner(max_subgoals=3).plan(env)
+    plan = hp.OraclePlanner(max_subgoals=3).plan(subgoal_interface(env))
     assert [s.expected for s in plan] == ["collected a resource", "collected a resource", "reached the goal"]
     assert sum(s.expected_steps for s in plan) == env.optimal_steps() == 11
 
@@ -111,13 +112,12 @@ def test_oracle_plan_follows_the_shortest_path():
 def test_skill_is_offered_only_next_to_a_resource():
     env = envs.make("gridworld")
     env.reset(seed=0)
-    layout, state = hp.grid_state(env)
-    assert not hp.action_mask(layout, state, skills=True)[4]
+    domain = subgoal_interface(env)
+    assert not domain.action_mask(skills=True)[4]
     for move in ("right", "right", "right"):  # (2, 3): the resource at (2, 4) is next to the agent
         env.step(move)
-    layout, state = hp.grid_state(env)
-    assert hp.action_mask(layout, state, skills=True)[4] and hp.adjacent_resource(layout, state) == 3
-    assert not hp.action_mask(layout, state, skills=False)[4]
+    assert domain.action_mask(skills=True)[4] and domain.adjacent_resource() == 3 == domain.env_action(4)
+    assert not domain.action_mask(skills=False)[4]
 
 
 def test_llm_planner_caches_its_choices(tiny):
@@ -125,11 +125,11 @@ def test_llm_planner_caches_its_choices(tiny):
     planner = hp.LLMPlanner(model, tok, torch.device("cpu"), max_subgoals=3)
     env = envs.make("gridworld")
     env.reset(seed=0)
-    first = planner.plan(env)
+    first = planner.plan(subgoal_interface(env))
     calls = planner.model_calls
     assert 1 <= len(first) <= 3 and calls == len(first)
     assert all(s.expected != "reached the goal" for s in first[:-1])  # a plan ends at its first goal
-    again = planner.plan(env)
+    again = planner.plan(subgoal_interface(env))
     assert [s.target for s in again] == [s.target for s in first] and planner.model_calls == calls
     assert planner.cache_hits == len(first) and planner.plans == 2
 
@@ -150,14 +150,16 @@ def test_controller_alone_learns_the_seed003_layout(tmp_path):
 def test_a_resource_collected_on_the_way_is_skipped_not_chased():
     env = envs.make("gridworld")
     env.reset(seed=0)
-    first, second, goal = hp.OraclePlanner(max_subgoals=3).plan(env)
-    layout, state = hp.grid_state(env)
-    assert hp.next_subgoal([second, goal], layout, state) is second  # still on the map: kept
-    collected = state.__class__(pos=state.pos, collected=state.collected | {second.target}, steps=state.steps,
-                                termination=None)
+    domain = subgoal_interface(env)
+    first, second, goal = hp.OraclePlanner(max_subgoals=3).plan(domain)
+    assert domain.next_subgoal([second, goal]) is second  # still on the map: kept
+    path = {(2, 4): ["right"] * 4, (0, 2): ["up", "up", "right", "right"]}[second.target]  # around the first one
+    for move in path:  # the plan's second resource, picked up before its first
+        env.step(move)
+    assert domain.resources() == 1 and first.target != second.target
     plan = [second, goal]
-    assert hp.next_subgoal(plan, layout, collected) is goal and plan == []  # picked up early: skipped
-    assert hp.next_subgoal([], layout, state) is None
+    assert domain.next_subgoal(plan) is goal and plan == []  # picked up early: skipped
+    assert domain.next_subgoal([]) is None
 
 
 def test_resume_after_a_crash_logs_the_same_numbers_as_an_uninterrupted_run(tmp_path):
@@ -260,3 +262,95 @@ def test_torchrun_resume_restores_every_ranks_replay_buffer(tmp_path):
     assert set(got) == set(expected) and "losses/td_loss" in compared
     for tag in compared:
         assert got[tag] == expected[tag], tag
+
+
+# ---- BabyAI through envs/subgoals.py: minigrid's BabyAIBot as the oracle planner ----
+def drive_with_bot(env, until, limit=64):
+    """Steps `env` with minigrid's BabyAIBot's own actions until `until(observation)` holds; returns that observation."""
+    from minigrid.utils.baby_ai_bot import BabyAIBot
+
+    bot, observation = BabyAIBot(env.game), None
+    for _ in range(limit):
+        observation, _, terminated, truncated, _ = env.step(int(bot.replan()))
+        if until(observation) or terminated or truncated:
+            return observation
+    raise AssertionError("the bot did not get there")
+
+
+def test_babyai_oracle_plan_is_the_bots_subgoal_stack_and_is_reached_by_following_the_bot():
+    pytest.importorskip("minigrid")
+    env = envs.make("babyai-pickuploc")
+    env.reset(seed=1)
+    domain = subgoal_interface(env)
+    plan = hp.OraclePlanner(max_subgoals=3).plan(domain)
+    go, pick, _ = plan
+    assert go.target in {tuple(int(v) for v in p) for p in env.game.instrs.desc.obj_poss}  # an object the mission means
+    target = env.game.grid.get(*go.target)
+    mission_object = f"{target.color} {target.type}"
+    # the bot's stack for "pick up X": go next to X, pick it up, (drop it: the bot's own habit)
+    assert [s.description for s in plan] == [f"go to the {mission_object}", f"pick up the {mission_object}",
+                                             "drop what you carry"]
+    assert not domain.reached(go, domain.view()) and not domain.reached(pick, domain.view())
+    observation = drive_with_bot(env, lambda obs: says(obs, f"a {mission_object} 1 step forward"))
+    assert domain.reached(go, observation) and not domain.reached(pick, observation)
+    assert domain.next_subgoal([go, pick]) is pick  # a subgoal already done is skipped
+    seen = "You see a red ball 2 steps forward and 1 step left; a red ball 1 step forward."
+    assert says(seen, "a red ball 1 step forward") and not says(seen, "a red ball 2 steps forward")
+    observation = drive_with_bot(env, lambda obs: "You carry" in obs)
+    assert domain.reached(pick, observation)
+
+
+def test_babyai_features_mark_the_subgoal_cell_kind_and_mission():
+    pytest.importorskip("minigrid")
+    env = envs.make("babyai-gotolocal")
+    env.reset(seed=0)
+    domain = subgoal_interface(env)
+    go = next(c for c in domain.candidates([]) if c.description == "go to the " + env.game.mission.removeprefix("go to the "))
+    plain, marked = domain.features(None), domain.features(go)
+    width, height = env.game.width, env.game.height
+    width, height = env.game.width, env.game.height
+    grid_part = (len(domain.OBJECTS) + len(domain.COLORS) + 3 + 2) * width * height
+    target_cell = grid_part - width * height + go.target[0] * height + go.target[1]  # the last grid channel
+    kind = grid_part + 4 + len(domain.OBJECTS) + len(domain.COLORS)  # after direction and carrying: "go to"
+    assert np.flatnonzero(plain[:kind + 4] != marked[:kind + 4]).tolist() == [target_cell, kind]
+    # the target in the agent's frame, by hand: minigrid's dir_vec points ahead, right_vec to the right
+    dx, dy = go.target[0] - env.game.agent_pos[0], go.target[1] - env.game.agent_pos[1]
+    forward = dx * env.game.dir_vec[0] + dy * env.game.dir_vec[1]
+    right = dx * env.game.right_vec[0] + dy * env.game.right_vec[1]
+    ego = marked[kind + 4: kind + 14]
+    assert ego[:2].tolist() == pytest.approx([forward / 8, right / 8]) and ego[2:7].tolist() == [
+        forward > 0, forward < 0, right > 0, right < 0, (forward, right) == (1, 0)]
+    assert not plain[kind + 4: kind + 11].any() and (plain[kind + 11: kind + 14] == ego[7:]).all()  # no target: zeros
+    words = plain[-len(domain.MISSION_WORDS) - 1: -1]
+    assert {w for w, on in zip(domain.MISSION_WORDS, words) if on} == {"go", *env.game.mission.split()[-2:]}
+    assert domain.action_mask(skills=True).all() and len(domain.action_names) == 6
+
+
+def test_babyai_llm_planner_chooses_among_the_rooms_objects(tiny):
+    pytest.importorskip("minigrid")
+    env = envs.make("babyai-gotolocal")
+    env.reset(seed=0)
+    domain = subgoal_interface(env)
+    planner = hp.LLMPlanner(*tiny, torch.device("cpu"), max_subgoals=2)
+    plan = planner.plan(domain)
+    names = {c.description for c in domain.candidates([])}
+    assert len(plan) == 2 and plan[0].description in names and plan[1].description != plan[0].description
+    assert "Mission: go to the" in domain.planner_observation() and "step" not in domain.planner_observation()
+    env.step("turn left")  # the view changes, the room does not: the same prompt, answered from the cache
+    assert [s.description for s in planner.plan(domain)] == [s.description for s in plan] and planner.cache_hits == 2
+
+
+def test_hybrid_runs_on_babyai_and_rejects_environments_without_subgoals(tmp_path):
+    pytest.importorskip("minigrid")
+    script = str(ROOT / "algorithms" / "hybrid_planner.py")
+    proc = subprocess.run([sys.executable, script, "--env-id", "babyai-gotolocal", "--planner", "oracle", "--total-episodes",
+                           "4", "--learning-starts", "8", "--replay-batch-size", "8", "--log-every", "2", "--eval-every",
+                           "0", "--eval-episodes", "2", "--output-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scalars = read_scalars(next(tmp_path.iterdir()))
+    assert scalars["charts/llm_calls_per_episode"][0][1] >= 1 and scalars["diagnostics/updates"][-1][1] > 0
+    bad = subprocess.run([sys.executable, script, "--env-id", "frozenlake", "--output-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "no subgoal interface for FrozenLakeTextEnv" in bad.stderr
+    assert "Traceback" not in bad.stderr
