@@ -66,6 +66,8 @@ class Args:
     """output prefix of the table (.md) and the learning curves (_curves.png)"""
     workers: int = 1
     """runs at the same time (1 keeps the latency columns meaningful)"""
+    pure_llm: bool = True
+    """also measure the LLM acting every step (greedy and T = 1) over the evaluation episodes"""
 
 
 def pure_llm(args: Args, temperature: float) -> dict[str, float]:
@@ -112,7 +114,7 @@ def main(args: Args) -> None:
         # only --seeds and --env-id: other runs may sit in the same folder (an earlier benchmark)
         rows[planner] = final_eval(sorted(p.parent for p in out.rglob("args.json") if (lambda a: a["seed"] in args.seeds
                                           and a["env_id"] == args.env_id)(json.loads(p.read_text()))))
-    llm_rows = {f"pure LLM (T = {t:g})": pure_llm(args, t) for t in (0.0, 1.0)}
+    llm_rows = {f"pure LLM (T = {t:g})": pure_llm(args, t) for t in ((0.0, 1.0) if args.pure_llm else ())}
 
     pm = lambda m, k, f="{:.2f}": f"{f.format(m[k][0])} ± {f.format(m[k][1])}"  # noqa: E731
     lines = [f"# Seed 003's three-way experiment on `{args.env_id}` (evaluation env kwargs {args.eval_env_kwargs})", "",

@@ -19,6 +19,9 @@
 #   4. SmolLM2-135M, 2 iterations of 8 episodes, OMP_NUM_THREADS=2: iteration 1 820 s wall (rollout 523, V_old +
 #      pi_ref + bootstrap 150, update 147), sampled success 0.00; iteration 2 292 s (214 / 48 / 30), success 0.50;
 #      8 min 45 s CPU time in 18 min 55 s wall (load ~11 falling to ~1). Upper bounds; no idle-machine time.
+#   5. SmolLM2-135M learning curve, all defaults, stopped after iteration 10 of 25 (SIGTERM: finishes the iteration,
+#      evaluates, saves a checkpoint): sampled success 0.00 -> 0.50-0.62, greedy success 0.00 at iterations 0, 5, 10
+#      (benchmarks/results/ppo_gae_agent_gridworld.md, from benchmarks/summarize_run.py RUN --every 16).
 # Machine: 2-core x86_64 CPU shared with other jobs.
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -80,6 +83,11 @@ timed python algorithms/ppo_gae_agent.py --model tiny --total-iterations 1 --num
 # 4. SmolLM2-135M, defaults otherwise (top 6 layers, beta = 0.01)
 OMP_NUM_THREADS=2 timed python algorithms/ppo_gae_agent.py --total-iterations 2 --num-episodes 8 --eval-every 0 \
     --exp-name smollm2-2-iterations --output-dir "$OUT"
+
+# 5. SmolLM2-135M, all defaults, checkpointed; the published run was stopped after iteration 10 (kill -TERM), then
+#    summarised. `--resume RUN` continues it to iteration 25.
+OMP_NUM_THREADS=1 timed python algorithms/ppo_gae_agent.py --checkpoint-every 5 --exp-name smollm2-defaults --output-dir "$OUT"
+python benchmarks/summarize_run.py "$(ls -d "$OUT"/gridworld__smollm2-defaults__* | tail -1)" --every 16
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
     diagnostics/explained_variance perf/rollout_s perf/update_s --x-axes episodes wall --output "$OUT/results"

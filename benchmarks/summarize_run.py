@@ -29,6 +29,8 @@ class Args:
     """the run directory (runs/{env}__{exp}__{seed}__{time})"""
     wall_clock_s: float = 0.0
     """measured wall-clock seconds of the whole command, if known (install and model load included)"""
+    every: int = 40
+    """a table row every N training episodes (and at the first, the last and every evaluation)"""
 
 
 def series(scalars, tag):
@@ -42,8 +44,9 @@ if __name__ == "__main__":
     s = read_scalars(run)
     success, ret = series(s, "charts/success_rate"), series(s, "charts/episodic_return")
     rollout, update = [v for _, v in series(s, "perf/rollout_s")], [v for _, v in series(s, "perf/update_s")]
+    value = [v for _, v in series(s, "perf/value_s")]  # PPO: V_old, pi_ref and the bootstrap, before the update
     tok_s = [v for _, v in series(s, "perf/rollout_tokens_per_s")]
-    keys = ["model", "env_id", "action_mode", "total_iterations", "num_groups", "group_size", "learning_rate",
+    keys = ["model", "env_id", "action_mode", "total_iterations", "num_groups", "group_size", "num_episodes", "learning_rate",
             "trainable_layers", "update_epochs", "temperature", "beta", "seed"]
     print(f"Run `{run.name}` on {platform.machine()} with {os.cpu_count()} CPU cores.\n")
     print("Settings: " + ", ".join(f"`{k}={settings[k]}`" for k in keys if k in settings) + ".\n")
@@ -53,13 +56,17 @@ if __name__ == "__main__":
     eval_ret = {step: v for step, v in series(s, "eval/episodic_return")}
     for step in sorted(set(evals) | {st for st, _ in success}):
         sampled = dict(success).get(step)
-        if step in evals or step == success[0][0] or step % 40 == 0 or step == success[-1][0]:
+        if step in evals or step == success[0][0] or step % args.every == 0 or step == success[-1][0]:
             fmt = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
             print(f"| {step} | {fmt(sampled)} | {fmt(dict(ret).get(step))} | {fmt(evals.get(step))} | {fmt(eval_ret.get(step))} |")
     iters = len(rollout)
-    print(f"\nPer iteration ({settings.get('num_groups', 1) * settings.get('group_size', 1)} episodes of at most 20 turns): "
-          f"mean {np.mean(rollout) + np.mean(update):.1f} s (rollout {np.mean(rollout):.1f} s, update {np.mean(update):.1f} s), "
-          f"first {rollout[0] + update[0]:.1f} s, last {rollout[-1] + update[-1]:.1f} s; rollout throughput "
+    if len(value) == iters:  # PPO's value phase is timed apart: count it in, and say so
+        update = list(np.add(update, value))
+    episodes = settings.get("num_episodes") or settings.get("num_groups", 1) * settings.get("group_size", 1)
+    split = f", of which values {np.mean(value):.1f} s" if len(value) == iters else ""
+    print(f"\nPer iteration ({episodes} episodes of at most 20 turns): "
+          f"mean {np.mean(rollout) + np.mean(update):.1f} s (rollout {np.mean(rollout):.1f} s, update {np.mean(update):.1f} s"
+          f"{split}), first {rollout[0] + update[0]:.1f} s, last {rollout[-1] + update[-1]:.1f} s; rollout throughput "
           f"{np.mean(tok_s):.0f} tokens/s (prompt + observation + sampled tokens). {iters} iterations, "
           f"{sum(rollout) + sum(update):.0f} s of rollout + update.")
     env, ref = [v for _, v in series(s, "perf/env_s")], [v for _, v in series(s, "perf/reference_s")]

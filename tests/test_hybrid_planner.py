@@ -308,7 +308,6 @@ def test_babyai_features_mark_the_subgoal_cell_kind_and_mission():
     go = next(c for c in domain.candidates([]) if c.description == "go to the " + env.game.mission.removeprefix("go to the "))
     plain, marked = domain.features(None), domain.features(go)
     width, height = env.game.width, env.game.height
-    width, height = env.game.width, env.game.height
     grid_part = (len(domain.OBJECTS) + len(domain.COLORS) + 3 + 2) * width * height
     target_cell = grid_part - width * height + go.target[0] * height + go.target[1]  # the last grid channel
     kind = grid_part + 4 + len(domain.OBJECTS) + len(domain.COLORS)  # after direction and carrying: "go to"
