@@ -200,6 +200,8 @@ def test_torchrun_two_ranks_equal_one_process_and_stay_in_sync(tmp_path, resume)
         assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-5), tag
     heads = [torch.load(d / "model" / "q_head.pt") for d in (run_dir, next((tmp_path / "one").iterdir()))]
-    for name, value in heads[1].items():
-        torch.testing.assert_close(heads[0][name], value, rtol=1e-4, atol=1e-5)
+    for name, value in heads[1].items():  # atol 1e-4: summing gradients in another order changes a weight whose
+        # Adam second moment is ~0 by up to ~5e-5 after 6 steps (seen on one machine); a missing all-reduce moves
+        # weights by the learning rate per step, and the divergence and loss checks above are exact or rel 1e-4
+        torch.testing.assert_close(heads[0][name], value, rtol=1e-4, atol=1e-4)
     assert all(v > 0 for _, v in got["diagnostics/grad_norm"])  # and the updates moved the weights
