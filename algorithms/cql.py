@@ -25,6 +25,7 @@ Usage:
                                                                     # (encoding ~800 states: ~7 CPU-min; updates + evals: minutes)
     python algorithms/cql.py --mode bc                              # the behaviour-cloning baseline, same data
     python algorithms/cql.py --mode filtered-bc                     # BC on seed 003's filtered demonstrations
+    python algorithms/cql.py --mode bc --feature-cache runs/features   # frozen features kept across runs (seeds, modes)
     python algorithms/cql.py --dataset datasets/gridworld_suboptimal.jsonl   # a dataset from benchmarks/collect_offline.py
     python algorithms/cql.py --model tiny --total-updates 50 --dataset-episodes 8   # seconds, for a smoke test
     python algorithms/cql.py --train-backbone --device cuda         # fine-tune the LM too (one forward per batch)
@@ -74,7 +75,8 @@ from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import all_reduce_mean, dist_info, init_distributed, print0, rank_param_divergence, seed_everything
 from common.models import apply_lora, load_model, resolve_device, save_model
-from common.offline import collect, dataset_stats, filter_demonstrations, load_dataset, transitions, write_dataset
+from common.offline import (FeatureCache, collect, dataset_stats, filter_demonstrations, load_dataset, transitions,
+                            write_dataset)
 from common.records import Trajectory, Turn
 from common.tracking import Tracker, make_run_name
 
@@ -149,6 +151,9 @@ class Args:
     """filtered-bc: drop runs longer than this (seed 003: 3 x the optimal length; 0: no length rule)"""
     encode_batch_size: int = 32
     """states per LM forward when encoding (memory only)"""
+    feature_cache: str = ""
+    """frozen backbone: a directory that keeps state features across runs (keyed by the LM's weights and each
+    state's token ids), so other seeds and modes on the same data skip the encoding; empty: off"""
     eval_every: int = 500
     """greedy online evaluation every N updates (and before the first and after the last); 0: only after the last"""
     eval_episodes: int = 4
@@ -173,7 +178,7 @@ LOGGED_TAGS = ("losses/loss", "losses/td_loss", "losses/cql_regulariser", "diagn
                "perf/updates_per_s", "perf/eval_s", "eval/episodic_return", "eval/success_rate", "eval/episode_length")
 # the flags --resume lets differ from the saved run (none of them changes what the training samples)
 RESUMABLE = {"total_updates", "checkpoint_every", "eval_every", "eval_episodes", "log_every", "save_model", "resume",
-             "output_dir"}
+             "output_dir", "feature_cache"}
 
 
 def validate_args(args: Args):
@@ -404,8 +409,20 @@ if __name__ == "__main__":
     t0 = time.time()
     features = None
     if not args.train_backbone:  # the speed-up: the frozen LM sees each distinct state exactly once
-        with torch.no_grad():
-            features = encode_split(all_ids)
+        cache = FeatureCache(args.feature_cache, body, args.model) if args.feature_cache else None
+        known = [cache.get(ids) for ids in all_ids] if cache else [None] * len(all_ids)
+        missing = [i for i, f in enumerate(known) if f is None]
+        if missing:
+            with torch.no_grad():
+                for i, f in zip(missing, encode_split([all_ids[i] for i in missing])):
+                    known[i] = f
+                    if cache:
+                        cache.put(all_ids[i], f)
+        if cache:
+            print0(f"feature cache {cache.path}: {len(all_ids) - len(missing)} of {len(all_ids)} states found")
+            if rank == 0:
+                cache.save()
+        features = torch.stack(known).to(device)
         sample = features
     else:  # the standardisation comes from the initial LM's features of (up to 1024 of) the training states
         with torch.no_grad():

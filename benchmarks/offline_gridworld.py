@@ -78,6 +78,9 @@ class Args:
     """the markdown table"""
     timeout_s: int = 0
     """kill a run after this many seconds (0: no limit); it is reported as failed"""
+    feature_cache: bool = True
+    """cql.py runs share `{runs_dir}/features` (--feature-cache): each dataset's states are encoded by the frozen LM
+    once, not once per algorithm and seed (first run per quality first, so concurrent workers do not duplicate it)"""
     dry_run: bool = False
     """print the commands and exit"""
     report_only: bool = False
@@ -112,6 +115,8 @@ def collect_datasets(args: Args, data_dir: Path) -> dict[str, dict]:
 def command(args: Args, algorithm: str, dataset: Path, seed: int, out_dir: Path) -> list[str]:
     script, fixed = ALGORITHMS[algorithm]
     extra = shlex.split(args.dt_args if script == "decision_transformer.py" else args.cql_args)
+    if script == "cql.py" and args.feature_cache:
+        extra = ["--feature-cache", str(Path(args.runs_dir).resolve() / "features"), *extra]
     return [sys.executable, str(ROOT / "algorithms" / script), *fixed, "--dataset", str(dataset), "--seed", str(seed),
             "--model", args.model, "--output-dir", str(out_dir), *extra]
 
@@ -254,8 +259,12 @@ if __name__ == "__main__":
     if args.report_only:
         results = {key: read_cell(runs_dir / key[0] / key[1].replace(" ", "_") / f"seed{key[2]}") for key in cells}
     else:
+        # seed-major order: the first runs are one per dataset quality, so the feature cache fills without two
+        # workers encoding the same dataset; the table keeps the (quality, algorithm, seed) order
+        order = sorted(cells, key=lambda k: (args.seeds.index(k[2]), args.algorithms.index(k[1]), args.qualities.index(k[0])))
         with ThreadPoolExecutor(args.workers) as pool:
-            results = dict(pool.map(work, list(cells)))
+            done = dict(pool.map(work, order))
+        results = {key: done[key] for key in cells}
     text = markdown(args, metas, results, first_commands, None if args.report_only else time.time() - start)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text)

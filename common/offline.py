@@ -26,19 +26,26 @@ targets bootstrap there (Pardo et al. 2018, "Time limits in reinforcement learni
 
 The demonstration filter of seed 003 §4 is `common.records.TrajectoryBuffer.filter_demonstrations`;
 `filter_demonstrations` below applies it with a state key that ignores step counters (see there).
+
+`FeatureCache` keeps a frozen encoder's state features on disk, keyed by the encoder's weights and the
+state's token ids, so runs on the same data (other seeds, other modes) skip the LM forwards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from common.records import Trajectory, TrajectoryBuffer, Turn, read_jsonl, write_jsonl
 
@@ -256,3 +263,61 @@ def filter_demonstrations(trajs: list[Trajectory], max_repeat_fraction: float = 
     buf = TrajectoryBuffer()
     buf.extend(keyed)
     return [trajs[k.extra["index"]] for k in buf.filter_demonstrations(max_repeat_fraction, max_steps)]
+
+
+class FeatureCache:
+    """State features of a frozen encoder, kept across runs in `{directory}/{encoder_key(model)}.pt`.
+
+    The key hashes every parameter of the encoder (so `tiny` models of different seeds, or a fine-tuned
+    checkpoint, never share features) and each entry is keyed by the sha1 of the state's token ids. A value
+    read back equals a fresh encoding up to float noise (~1e-6): the padding of the batch it was encoded
+    in differs. `save` merges with what other processes wrote since `load` and replaces the file atomically.
+    """
+
+    def __init__(self, directory: str | Path, model: torch.nn.Module, name: str):
+        self.path = Path(directory) / f"{self.encoder_key(model, name)}.pt"
+        self.features: dict[str, torch.Tensor] = self._read()
+        self.added: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def encoder_key(model: torch.nn.Module, name: str) -> str:
+        h = hashlib.sha1()
+        for pname, p in sorted(model.state_dict().items()):
+            h.update(pname.encode())
+            h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(name).name or "model") + "-" + h.hexdigest()[:16]
+
+    @staticmethod
+    def ids_key(ids: list[int]) -> str:
+        return hashlib.sha1(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+    def _read(self) -> dict[str, torch.Tensor]:
+        if not self.path.exists():
+            return {}
+        try:
+            return torch.load(self.path, map_location="cpu", weights_only=True)
+        except Exception as e:  # a cache must never break a run: start afresh and say why
+            print(f"feature cache {self.path} unreadable ({type(e).__name__}: {e}); ignoring it", file=sys.stderr)
+            return {}
+
+    def get(self, ids: list[int]) -> torch.Tensor | None:
+        return self.features.get(self.ids_key(ids))
+
+    def put(self, ids: list[int], feature: torch.Tensor) -> None:
+        key = self.ids_key(ids)
+        self.features[key] = self.added[key] = feature.detach().cpu()
+
+    def save(self) -> None:
+        if not self.added:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        merged = {**self._read(), **self.added}
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(merged, f)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.added = {}

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from common.chat import ChatFormat
-from common.offline import collect, transitions, write_dataset
+from common.models import load_model
+from common.offline import FeatureCache, collect, transitions, write_dataset
 from common.tracking import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +128,46 @@ def test_tiny_train_backbone_history_and_dataset_file(tmp_path):
     proc, _ = run_cql(tmp_path, "--dataset", str(tmp_path / "data" / "gw.jsonl"), "--env-id", "frozenlake")
     assert proc.returncode != 0 and "collected on gridworld; pass --env-id gridworld" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_feature_cache_keys_on_weights_and_ids_and_merges_writers(tmp_path):
+    one, _ = load_model("tiny", "cpu", seed=1)
+    other, _ = load_model("tiny", "cpu", seed=2)  # another tiny seed: other weights, so never the same features
+    a, b = FeatureCache(tmp_path, one, "tiny"), FeatureCache(tmp_path, one, "tiny")  # two runs on one encoder
+    assert a.path == b.path and FeatureCache(tmp_path, other, "tiny").path != a.path
+    a.put([1, 2, 3], torch.ones(4))
+    b.put([1, 2, 4], torch.zeros(4))
+    a.save()
+    b.save()  # merges a's entry instead of overwriting it
+    fresh = FeatureCache(tmp_path, one, "tiny")
+    assert torch.equal(fresh.get([1, 2, 3]), torch.ones(4)) and torch.equal(fresh.get([1, 2, 4]), torch.zeros(4))
+    assert fresh.get([1, 2]) is None and FeatureCache(tmp_path, other, "tiny").get([1, 2, 3]) is None
+    fresh.path.write_bytes(b"truncated")  # a broken cache file is ignored, never fatal
+    assert FeatureCache(tmp_path, one, "tiny").get([1, 2, 3]) is None
+
+
+def test_feature_cache_is_reused_across_modes_with_the_same_results(tmp_path):
+    trajs = collect("gridworld", "suboptimal", 4, seed=0)
+    write_dataset(tmp_path / "data" / "gw.jsonl", trajs, {"env_id": "gridworld", "env_kwargs": {}})
+    common = ["--dataset", str(tmp_path / "data" / "gw.jsonl"), "--feature-cache", str(tmp_path / "features"),
+              "--total-updates", "20", "--minibatch-size", "16", "--log-every", "10", "--eval-every", "20",
+              "--eval-episodes", "1"]
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    first, runs = run_cql(tmp_path / "a", *common, "--mode", "bc")
+    assert first.returncode == 0, first.stderr[-3000:]
+    found, total = map(int, first.stdout.split("feature cache ")[1].split(": ")[1].split(" states")[0].split(" of "))
+    assert found == 0 and total > 0
+    again, runs_again = run_cql(tmp_path / "b", *common, "--mode", "bc")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{total} of {total} states found" in again.stdout  # no state encoded twice
+    x, y = read_scalars(runs[-1]), read_scalars(runs_again[-1])
+    assert [v for _, v in x["losses/loss"]] == pytest.approx([v for _, v in y["losses/loss"]], abs=1e-5)
+    assert x["eval/episodic_return"] == y["eval/episodic_return"]
+    cql_run, _ = run_cql(tmp_path / "c", *common)  # CQL also needs the next states: only those are new
+    assert cql_run.returncode == 0, cql_run.stderr[-3000:]
+    found, cql_total = map(int, cql_run.stdout.split("feature cache ")[1].split(": ")[1].split(" states")[0].split(" of "))
+    assert cql_total > total and found == total  # every state BC saw; the next states at the ends are new
 
 
 @pytest.mark.parametrize("flags", [[], pytest.param(["--train-backbone", "--lora-r", "4", "--head", "linear"],
