@@ -167,11 +167,15 @@ def read_cell(out_dir: Path) -> dict:
     return result
 
 
+def num(x: float) -> str:
+    return f"{round(float(x), 2) + 0.0:.2f}"  # + 0.0: a return of -1e-9 prints as 0.00, not -0.00
+
+
 def mean_std(values: list[float]) -> str:
     if not values:
         return "n/a"
     std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return f"{np.mean(values):.2f} ± {std:.2f}"
+    return f"{num(np.mean(values))} ± {num(std)}"
 
 
 def markdown(args: Args, metas: dict, results: dict, commands: dict, seconds: float) -> str:
@@ -220,8 +224,8 @@ def markdown(args: Args, metas: dict, results: dict, commands: dict, seconds: fl
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (quality, algorithm, seed), r in results.items():
         ret, succ = r.get("eval/episodic_return"), r.get("eval/success_rate")
-        lines.append(f"| {quality} | {algorithm} | {seed} | {'n/a' if ret is None else f'{ret:.2f}'} | "
-                     f"{'n/a' if succ is None else f'{succ:.2f}'} | {r['rc']} | {r['seconds']:.0f} | "
+        lines.append(f"| {quality} | {algorithm} | {seed} | {'n/a' if ret is None else num(ret)} | "
+                     f"{'n/a' if succ is None else num(succ)} | {r['rc']} | {r['seconds']:.0f} | "
                      f"{r.get('error', '').replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 

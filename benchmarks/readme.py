@@ -175,6 +175,31 @@ def memory() -> str:
                               "[memory.md](benchmarks/results/memory.md) (commands, seconds, machine)."])
 
 
+def offline() -> str:
+    """CQL, BC, filtered BC and the DT on three data qualities, one table per backbone, from offline_gridworld.py."""
+    lines, sources = [], []
+    for name in ("offline_gridworld", "offline_gridworld_tiny"):
+        path = RESULTS / f"{name}.md"
+        if not path.exists():
+            continue
+        text = path.read_text()
+        model = re.search(r"Model `([^`]+)`", text).group(1)
+        seeds = re.search(r"seeds (\[[^\]]*\])", text).group(1)
+        behaviour, returns = markdown_tables(text)[:2]
+        if not lines:
+            lines = ["| algorithm | features from | " + " | ".join(behaviour[0][1:]) + " |",
+                     "|" + " --- |" * (len(behaviour[0]) + 1),
+                     "| *the data (behaviour policy): mean return / success* | | " + " | ".join(behaviour[1][1:]) + " |"]
+        lines += [f"| {row[0]} | `{model}` | " + " | ".join(row[1:]) + " |" for row in returns[1:]]
+        command = next(line for line in text.splitlines() if line.startswith("python benchmarks/offline_gridworld.py"))
+        sources.append(f"`{command}` (learner seeds {seeds}; [{name}.md](benchmarks/results/{name}.md))")
+    if not lines:
+        return "Not measured yet (`python benchmarks/offline_gridworld.py`)."
+    return "\n".join(lines + ["", "Final greedy return on the seed-003 layout (optimal 4.45; -1.00: no goal reached), mean ± "
+                              "std over learner seeds, on one dataset per quality (data seed 0, the same for both backbones). "
+                              "Sources: " + "; ".join(sources) + "."])
+
+
 def tests_block() -> str:
     """The last recorded full test run (benchmarks/results/test_suite.json, written by --record-tests)."""
     path = RESULTS / "test_suite.json"
@@ -201,7 +226,7 @@ def record_tests(log: str, commit: str = "") -> None:
 
 BLOCKS = {"main-job": main_job, "three-way": three_way, "three-way-procedural": three_way_procedural,
           "three-way-babyai": three_way_babyai, "zero-shot": zero_shot, "performance": performance,
-          "memory": memory, "tests": tests_block}
+          "memory": memory, "offline": offline, "tests": tests_block}
 
 
 def render(readme: str) -> str:
