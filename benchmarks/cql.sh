@@ -14,8 +14,9 @@
 #      Encoding the 795 states: 3178 s wall (~7 CPU-minutes), training + 7 evaluations: 807 s wall.
 # Machine: 2-core x86_64 CPU shared with ~8 other jobs (load average 15-26): the wall times are not meaningful;
 # an idle-machine time was not measured. BC / filtered BC with SmolLM2 were not run.
-# (The tiny CQL / BC / filtered BC / DT pipeline table benchmarks/results/offline_gridworld.md is rebuilt by
-# benchmarks/decision_transformer.sh.)
+#   3. The 3-seed benchmark of the README's "offline" block (CQL, BC, filtered BC with frozen SmolLM2 features;
+#      all four with DT on the tiny LM): benchmarks/results/offline_gridworld.md and offline_gridworld_tiny.md,
+#      tables and per-run seconds there (1 run at a time, OMP_NUM_THREADS=1, the other core busy with a GRPO job).
 #   bash benchmarks/cql.sh          # runs under benchmarks/runs/cql (OUT=... to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,3 +52,10 @@ timed python algorithms/cql.py --mode cql --dataset "$OUT/datasets/gridworld_sub
 
 python benchmarks/plot.py "$OUT/tiny" "$OUT/smollm2" --tags eval/episodic_return eval/success_rate \
     diagnostics/q_data diagnostics/action_agreement --x-axes episodes wall --output "$OUT/results"
+
+# 3. The benchmark tables (each rewrites its results file; the runs go under benchmarks/runs/, as published).
+timed python benchmarks/offline_gridworld.py --algorithms CQL BC 'filtered BC' --workers 1 \
+    --runs-dir benchmarks/runs/offline_smollm2 --output benchmarks/results/offline_gridworld.md
+timed python benchmarks/offline_gridworld.py --model tiny --workers 1 \
+    '--dt-args=--train-steps 600 --learning-rate 1e-3 --minibatch-size 16 --eval-every 200' \
+    --runs-dir benchmarks/runs/offline_tiny --output benchmarks/results/offline_gridworld_tiny.md

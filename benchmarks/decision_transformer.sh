@@ -9,9 +9,8 @@
 #      loss ~0.35 (accuracy ~0.85). 30 min on the shared 2-core CPU (load average 14-25).
 #   2. SmolLM2-135M timing only (not trained to the end): 445 s in all with OMP_NUM_THREADS=2 at load ~12, of
 #      which ~300 s for one greedy 20-step evaluation episode, ~15 s per update.
-#   3. The offline pipeline check benchmarks/results/offline_gridworld.md (tiny model, tiny budgets, 3 seeds; DT
-#      cells -1.00, CQL / BC / filtered BC as in that file), 4 runs at a time with OMP_NUM_THREADS=1 on the shared
-#      machine (load 14-25): 170-300 s per run.
+#   3. The DT row of the 3-seed offline benchmark (tiny LM, with section 1's learning rate and batch):
+#      benchmarks/results/offline_gridworld_tiny.md, whose command is in benchmarks/cql.sh, section 3.
 # Machine: 2-core x86_64 CPU shared with other jobs; no idle-machine time measured.
 #   bash benchmarks/decision_transformer.sh     # runs under benchmarks/runs/decision_transformer (OUT=... to change)
 set -euo pipefail
@@ -30,13 +29,6 @@ timed python algorithms/decision_transformer.py --model tiny --train-steps 600 -
 # 2. docs give only "--train-steps 3 --eval-every 0 --sweep-targets 4.45" with OMP_NUM_THREADS=2 (defaults otherwise)
 OMP_NUM_THREADS=2 timed python algorithms/decision_transformer.py --train-steps 3 --eval-every 0 --sweep-targets 4.45 \
     --exp-name smollm2-timing --output-dir "$OUT/runs"
-
-# 3. the published command, with --runs-dir moved from /tmp/offbench/runs to this script's output dir;
-#    rewrites benchmarks/results/offline_gridworld.md.
-timed python benchmarks/offline_gridworld.py --model tiny --seeds 1 2 3 --episodes 30 \
-    '--cql-args=--total-updates 100 --eval-every 100 --eval-episodes 1' \
-    '--dt-args=--train-steps 30 --eval-every 0 --eval-episodes 1 --sweep-points 3' --workers 4 \
-    --runs-dir "$OUT/offline_gridworld" --output benchmarks/results/offline_gridworld.md
 
 python benchmarks/plot.py "$OUT/runs" --tags eval/episodic_return eval/success_rate eval/rtg_correlation \
     losses/action_loss diagnostics/action_token_accuracy --x-axes episodes wall --output "$OUT/results"

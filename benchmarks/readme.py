@@ -178,7 +178,7 @@ def memory() -> str:
 def offline() -> str:
     """CQL, BC, filtered BC and the DT on three data qualities, one table per backbone, from offline_gridworld.py."""
     lines, sources = [], []
-    for name in ("offline_gridworld", "offline_gridworld_tiny"):
+    for name in ("offline_gridworld", "offline_gridworld_dt_smollm2", "offline_gridworld_tiny"):
         path = RESULTS / f"{name}.md"
         if not path.exists():
             continue
@@ -187,12 +187,12 @@ def offline() -> str:
         seeds = re.search(r"seeds (\[[^\]]*\])", text).group(1)
         behaviour, returns = markdown_tables(text)[:2]
         if not lines:
-            lines = ["| algorithm | features from | " + " | ".join(behaviour[0][1:]) + " |",
+            lines = ["| algorithm | LM (learner seeds) | " + " | ".join(behaviour[0][1:]) + " |",
                      "|" + " --- |" * (len(behaviour[0]) + 1),
                      "| *the data (behaviour policy): mean return / success* | | " + " | ".join(behaviour[1][1:]) + " |"]
-        lines += [f"| {row[0]} | `{model}` | " + " | ".join(row[1:]) + " |" for row in returns[1:]]
+        lines += [f"| {row[0]} | `{model}` ({seeds.strip('[]')}) | " + " | ".join(row[1:]) + " |" for row in returns[1:]]
         command = next(line for line in text.splitlines() if line.startswith("python benchmarks/offline_gridworld.py"))
-        sources.append(f"`{command}` (learner seeds {seeds}; [{name}.md](benchmarks/results/{name}.md))")
+        sources.append(f"`{command}` ([{name}.md](benchmarks/results/{name}.md))")
     if not lines:
         return "Not measured yet (`python benchmarks/offline_gridworld.py`)."
     return "\n".join(lines + ["", "Final greedy return on the seed-003 layout (optimal 4.45; -1.00: no goal reached), mean ± "
