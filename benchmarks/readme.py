@@ -190,14 +190,16 @@ def offline() -> str:
             lines = ["| algorithm | LM (learner seeds) | " + " | ".join(behaviour[0][1:]) + " |",
                      "|" + " --- |" * (len(behaviour[0]) + 1),
                      "| *the data (behaviour policy): mean return / success* | | " + " | ".join(behaviour[1][1:]) + " |"]
-        lines += [f"| {row[0]} | `{model}` ({seeds.strip('[]')}) | " + " | ".join(row[1:]) + " |" for row in returns[1:]]
+        single = "," not in seeds  # one seed: no spread to show
+        lines += [f"| {row[0]} | `{model}` ({seeds.strip('[]')}) | "
+                  + " | ".join(c.replace(" ± 0.00", "") if single else c for c in row[1:]) + " |" for row in returns[1:]]
         command = next(line for line in text.splitlines() if line.startswith("python benchmarks/offline_gridworld.py"))
         sources.append(f"`{command}` ([{name}.md](benchmarks/results/{name}.md))")
     if not lines:
         return "Not measured yet (`python benchmarks/offline_gridworld.py`)."
     return "\n".join(lines + ["", "Final greedy return on the seed-003 layout (optimal 4.45; -1.00: no goal reached), mean ± "
-                              "std over learner seeds, on one dataset per quality (data seed 0, the same for both backbones). "
-                              "Sources: " + "; ".join(sources) + "."])
+                              "std over learner seeds, on one dataset per quality (data seed 0, the same for every row); the DT "
+                              "is conditioned on R* = the dataset's best return. Sources: " + "; ".join(sources) + "."])
 
 
 def tests_block() -> str:
