@@ -39,3 +39,12 @@ if [ -n "${SEEDS:-}" ]; then
   python benchmarks/plot.py "$OUT/seeds" --tags eval/success_rate eval/episodic_return charts/success_rate \
       --output "$OUT/seeds_results"
 fi
+
+if [ -n "${RETURN_TARGET:-}" ]; then
+  # Runs 3 and 4 of benchmarks/results/grpo_agent_gridworld.md (the issue-9 return target; both were stopped
+  # early with SIGTERM, at 248 and 144 episodes): a lower learning rate, and groups of 16.
+  OMP_NUM_THREADS=1 timed python algorithms/grpo_agent.py --total-iterations 62 --learning-rate 3e-5 --exp-name lr3e5 \
+      --output-dir "$OUT/return_target"
+  OMP_NUM_THREADS=1 timed python algorithms/grpo_agent.py --total-iterations 31 --group-size 16 --checkpoint-every 5 \
+      --exp-name g16 --output-dir "$OUT/return_target"
+fi
