@@ -300,6 +300,8 @@ if __name__ == "__main__":
     device = resolve_device(args.device)
     rank, _, world = init_distributed(device)  # torchrun: data parallel over each minibatch
     args.world_size = world
+    if args.feature_cache and world > 1:  # ranks reading a file another run writes could disagree on what to encode
+        raise SystemExit("--feature-cache works in one process only; drop it under torchrun (the encoding is split over ranks)")
     run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
     run_name = os.path.basename(run_dir)
     ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, world)
@@ -420,9 +422,8 @@ if __name__ == "__main__":
                         cache.put(all_ids[i], f)
         if cache:
             print0(f"feature cache {cache.path}: {len(all_ids) - len(missing)} of {len(all_ids)} states found")
-            if rank == 0:
-                cache.save()
-        features = torch.stack(known).to(device)
+            cache.save()
+        features = torch.stack([f.to(device) for f in known])  # cached ones are on the CPU
         sample = features
     else:  # the standardisation comes from the initial LM's features of (up to 1024 of) the training states
         with torch.no_grad():
