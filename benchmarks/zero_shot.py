@@ -2,9 +2,13 @@
 
     python benchmarks/zero_shot.py --model smollm2-135m --env-id gridworld --action-mode choice --episodes 50
     python benchmarks/zero_shot.py --model smollm2-135m --env-id gridworld --action-mode free --episodes 50
+    python benchmarks/zero_shot.py --model random --env-id gridworld --episodes 20000   # the uniform-random reference
 
 Prints success rate, mean return, invalid-action rate, episode length and throughput, and appends a JSON line
-with the settings, the git commit and the machine to `--output` if given.
+with the settings, the git commit and the machine to `--output` if given. Where the environment knows its optimal
+return (GridWorld, the toy-text adapters) it also reports `near_optimal_rate`, the share of episodes whose return
+is at least 90% of the optimum (issue 9's learning target); `--model random` (no LM: a uniformly random action
+name every step) measures how often plain exploration finds such an episode.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from common.rollout import RolloutConfig, RolloutEngine
 @dataclass
 class Args:
     model: str = "smollm2-135m"
-    """`tiny`, `smollm2-135m` or a local model path"""
+    """`tiny`, `smollm2-135m`, a local model path, or `random` (uniform over the env's action names; no LM)"""
     env_id: str = "gridworld"
     """environment id or `package.module:Factory`"""
     env_kwargs: str = "{}"
@@ -59,20 +63,59 @@ class Args:
     """only print a markdown table of the results in this JSONL file (written by `--output`), then exit"""
 
 
+NEAR_OPTIMAL = 0.9  # `near_optimal_rate`: return within 10% of the episode's optimal return (of its size)
+
+
+def near_optimal_return(ret: float, optimum: float) -> bool:
+    """At least 90% of a positive optimum; for a negative one (CliffWalking's -13), at most 10% worse than it."""
+    return ret >= optimum - (1 - NEAR_OPTIMAL) * abs(optimum)
+
+
+def random_policy_episodes(args: Args, env_kwargs: dict):
+    """`--model random`: a uniformly random action name every step, one episode at a time (no LM, no tokens)."""
+    rng = np.random.default_rng(args.seed)
+    returns, successes, lengths, near_optimal = [], [], [], []
+    for i in range(args.episodes):
+        env = envs.make(args.env_id, **env_kwargs)
+        if not env.action_names:
+            raise SystemExit(f"--model random: {args.env_id!r} has no action names to choose from (free-text env)")
+        env.reset(seed=args.seed * 100_000 + i)
+        ret, done, info, steps = 0.0, False, {}, 0
+        while not done:
+            _, reward, terminated, truncated, info = env.step(int(rng.integers(len(env.action_names))))
+            ret, steps, done = ret + reward, steps + 1, terminated or truncated
+        returns.append(ret)
+        successes.append(info.get("termination") == "success")  # what the rollout engine records as success
+        lengths.append(steps)
+        if hasattr(env, "optimal_return"):
+            near_optimal.append(near_optimal_return(ret, env.optimal_return()))
+    return returns, successes, lengths, near_optimal
+
+
+def near_optimal(row: dict) -> str:
+    """The share as a percentage with enough digits for rare events (0.055%), blank when not measured."""
+    rate = row.get("near_optimal_rate")
+    return "" if rate is None else f"{100 * rate:.3g}%"
+
+
 def markdown_table(path: str) -> str:
     """One row per run in `path`: the environment, its settings and what was measured."""
     rows = [json.loads(line) for line in open(path) if line.strip()]
     lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions | "
-             "mean length | tokens/s | load avg | commit |", "|-|-|-|-|-|-|-|-|-|-|-|"]
+             "near-optimal | mean length | tokens/s | load avg | commit |", "|-|-|-|-|-|-|-|-|-|-|-|-|"]
     for r in rows:
         s = r["settings"]
         load = f"{r['load_average_1min']:.1f}" if "load_average_1min" in r else "not recorded"
+        tokens_per_s = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else ""  # blank: no LM (`--model random`)
         lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
                      f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
-                     f"{r['episode_length']:.1f} | {r['tokens_per_s']:.0f} | {load} | {r['commit']} |")
+                     f"{near_optimal(r)} | {r['episode_length']:.1f} | {tokens_per_s} | {load} | {r['commit']} |")
     machines = sorted({r["machine"] for r in rows})
-    return "\n".join([f"Model `{rows[0]['settings']['model']}` zero-shot, temperature "
-                      f"{rows[0]['settings']['temperature']}; machine: {'; '.join(machines)}. A load average above "
+    model = rows[0]["settings"]["model"]
+    policy = ("A uniformly random action name every step (`--model random`, no LM)" if model == "random" else
+              f"Model `{model}` zero-shot, temperature {rows[0]['settings']['temperature']}")
+    return "\n".join([f"{policy}; near-optimal: share of episodes with a return of at least {NEAR_OPTIMAL:.0%} of the "
+                      f"optimum (blank: the env does not know its optimum); machine: {'; '.join(machines)}. A load average above "
                       "the 2 cores means other jobs shared the CPU (tokens/s is then lower than on an idle machine).", "",
                       *lines, "", "Reproduce: `bash benchmarks/zero_shot.sh`", ""]) if rows else "no results\n"
 
@@ -85,27 +128,40 @@ if __name__ == "__main__":
     env_kwargs = json.loads(args.env_kwargs)
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
-    model, tok = load_model(args.model, device, seed=args.seed)
-    engine = RolloutEngine(model, tok, RolloutConfig(action_mode=args.action_mode, temperature=args.temperature,
-                                                     max_turn_tokens=args.max_turn_tokens,
-                                                     max_total_tokens=args.max_total_tokens))
-    generator = torch.Generator(device=device).manual_seed(args.seed)
     trajs, start = [], time.time()
-    for first in range(0, args.episodes, args.batch_size):
-        seeds = [args.seed * 100_000 + i for i in range(first, min(first + args.batch_size, args.episodes))]
-        trajs += engine.run([envs.make(args.env_id, **env_kwargs) for _ in seeds], seeds, args.env_id, generator=generator)
-        print(f"{len(trajs)}/{args.episodes} episodes, {time.time() - start:.0f}s", flush=True)
-    seconds = time.time() - start
-    steps = sum(t.num_steps for t in trajs)
+    if args.model == "random":
+        returns, successes, steps_per_episode, near_optimal = random_policy_episodes(args, env_kwargs)
+        seconds = time.time() - start
+        steps, tokens = sum(steps_per_episode), 0
+        invalid = 0  # a random action *index* is always a valid action
+    else:
+        model, tok = load_model(args.model, device, seed=args.seed)
+        engine = RolloutEngine(model, tok, RolloutConfig(action_mode=args.action_mode, temperature=args.temperature,
+                                                         max_turn_tokens=args.max_turn_tokens,
+                                                         max_total_tokens=args.max_total_tokens))
+        generator = torch.Generator(device=device).manual_seed(args.seed)
+        near_optimal = []
+        for first in range(0, args.episodes, args.batch_size):
+            seeds = [args.seed * 100_000 + i for i in range(first, min(first + args.batch_size, args.episodes))]
+            batch = [envs.make(args.env_id, **env_kwargs) for _ in seeds]
+            trajs += engine.run(batch, seeds, args.env_id, generator=generator)
+            near_optimal += [near_optimal_return(t.return_, env.optimal_return())
+                             for env, t in zip(batch, trajs[first:]) if hasattr(env, "optimal_return")]
+            print(f"{len(trajs)}/{args.episodes} episodes, {time.time() - start:.0f}s", flush=True)
+        seconds = time.time() - start
+        returns, successes = [t.return_ for t in trajs], [t.success for t in trajs]
+        steps, tokens = sum(t.num_steps for t in trajs), sum(len(t.token_ids) for t in trajs)
+        invalid = sum(t.invalid_actions for t in trajs)
     result = {
         "env_id": args.env_id,
         "action_mode": args.action_mode,
-        "success_rate": float(np.mean([t.success for t in trajs])),
-        "episodic_return": float(np.mean([t.return_ for t in trajs])),
-        "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1),
-        "episode_length": steps / len(trajs),
+        "success_rate": float(np.mean(successes)),
+        "episodic_return": float(np.mean(returns)),
+        "invalid_action_rate": invalid / max(steps, 1),
+        "episode_length": steps / args.episodes,
+        **({"near_optimal_rate": float(np.mean(near_optimal))} if near_optimal else {}),
         "seconds": seconds,
-        "tokens_per_s": sum(len(t.token_ids) for t in trajs) / seconds,
+        "tokens_per_s": tokens / seconds,
         "settings": asdict(args),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",

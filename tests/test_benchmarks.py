@@ -329,3 +329,20 @@ echo python algorithms/cql.py.txt --nope
                         "t.sh (--cql-args): algorithms/cql.py has no flag --eval-everyy"]
     assert "--no-save-model" in cli_flags(REPO / "algorithms" / "grpo_agent.py")
     assert "--world-size" not in cli_flags(REPO / "algorithms" / "grpo_agent.py")  # Suppress-ed: derived, no flag
+
+
+def test_zero_shot_random_policy_is_the_uniform_reference(tmp_path):
+    """`zero_shot.py --model random` plays a uniformly random action every step: on the seed-003 layout about 3% of
+    its episodes reach a goal (3.3% over 20,000) and almost none get 90% of the optimal return (0.055%); never an
+    invalid action. A policy that always took the same action, or a success/near-optimal count that was wrong, fails."""
+    out = tmp_path / "random.jsonl"
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "benchmarks" / "zero_shot.py"), "--model", "random", "--episodes", "3000"]
+    subprocess.run(cmd + ["--output", str(out)], check=True, capture_output=True, text=True, cwd=root)
+    row = json.loads(out.read_text())
+    assert 0.02 < row["success_rate"] < 0.05 and row["invalid_action_rate"] == 0.0
+    assert 0.0 <= row["near_optimal_rate"] < 0.005 and 19 < row["episode_length"] <= 20
+    table = subprocess.run(cmd[:2] + ["--table", str(out)], check=True, capture_output=True, text=True, cwd=root).stdout
+    assert "uniformly random action" in table and "| `gridworld` | `{}` | choice | 3000 | 0.03 |" in table
+    free = subprocess.run(cmd + ["--env-id", "arithmetic"], capture_output=True, text=True, cwd=root)
+    assert free.returncode != 0 and "has no action names" in free.stderr and "Traceback" not in free.stderr
