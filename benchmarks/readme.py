@@ -121,19 +121,27 @@ def three_way_babyai() -> str:
 
 
 def zero_shot() -> str:
-    """SmolLM2 before training on each environment family, from benchmarks/zero_shot.py's JSONL."""
-    runs = [json.loads(line) for line in (RESULTS / "zero_shot_families.jsonl").read_text().splitlines() if line.strip()]
-    latest = {(r["env_id"], r["settings"]["env_kwargs"], r["action_mode"]): r for r in runs}  # a rerun replaces a row
-    rows = list(latest.values())
-    lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    """SmolLM2 before training on each environment family, from benchmarks/zero_shot.py's JSONL, beside the
+    uniform-random policy on the environments with action names (zero_shot_random.jsonl)."""
+    def read(name):
+        return [json.loads(line) for line in (RESULTS / name).read_text().splitlines() if line.strip()]
+    latest = {(r["env_id"], r["settings"]["env_kwargs"], r["action_mode"]): r for r in read("zero_shot_families.jsonl")}
+    rows = list(latest.values())  # a rerun replaces a row
+    random_rows = {(r["env_id"], r["settings"]["env_kwargs"]): r for r in read("zero_shot_random.jsonl")}
+    lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions | "
+             "random policy: success / mean return |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        s = r["settings"]
+        s, rnd = r["settings"], random_rows.get((r["env_id"], r["settings"]["env_kwargs"]))
+        reference = f"{rnd['success_rate']:.3f} / {rnd['episodic_return']:+.2f}" if rnd else ""
         lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
-                     f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} |")
+                     f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
+                     f"{reference} |")
     return "\n".join(lines + ["", f"Model `{rows[0]['settings']['model']}`, temperature {rows[0]['settings']['temperature']}. "
-                              "Source: `bash benchmarks/zero_shot.sh`, [benchmarks/results/zero_shot_families.md]"
-                              "(benchmarks/results/zero_shot_families.md) (commit, load and tokens/s per row)."])
+                              "Random policy: a uniformly random action name every step, no LM (`zero_shot.py --model "
+                              "random`, 2,000-20,000 episodes; blank: free-text env). Source: `bash "
+                              "benchmarks/zero_shot.sh`, [benchmarks/results/zero_shot_families.md]"
+                              "(benchmarks/results/zero_shot_families.md) (commit, load and tokens/s per row) and "
+                              "[benchmarks/results/zero_shot_random.md](benchmarks/results/zero_shot_random.md)."])
 
 
 def performance() -> str:

@@ -36,3 +36,11 @@ if [ -n "${RUN_LONG:-}" ]; then
       --max-turn-tokens 128 --eval-tasks 4 --eval-samples 2 --eval-k 2 --humaneval-tasks 0 --eval-every 10 \
       --output-dir "$OUT/long"
 fi
+
+# HumanEval before and after training (RUN_HUMANEVAL=1 bash benchmarks/rlef.sh): the longer run's training, with 8
+# held-out tasks and the first 32 HumanEval problems (2 samples each at T = 0.8, <= 128 tokens) at iterations 0/15/30
+if [ -n "${RUN_HUMANEVAL:-}" ]; then
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 30 --group-size 4 --resample-budget 0 \
+      --max-turn-tokens 128 --eval-tasks 8 --eval-samples 2 --eval-k 2 --humaneval-tasks 32 --eval-every 15 \
+      --output-dir "$OUT/humaneval"
+fi
