@@ -22,6 +22,7 @@ Usage:
     python algorithms/rlef.py --sft-steps 20                       # cold start on reference solutions first
     python algorithms/rlef.py --device cuda --group-size 16 --num-groups 4 --humaneval-tasks 164
     torchrun --nproc_per_node 2 algorithms/rlef.py --model tiny   # data parallel (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node 8 algorithms/rlef.py --fsdp --model <path>   # layers sharded over the ranks (FSDP2)
     python algorithms/rlef.py --lora-r 16 --trainable-layers 0     # LoRA adapters on every layer, base frozen
     python algorithms/rlef.py --checkpoint-every 2                 # then, after a crash or Ctrl-C:
     python algorithms/rlef.py --resume runs/<run> [--total-iterations 12]
@@ -68,7 +69,8 @@ import tyro
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import all_reduce_mean, global_loss_denominator, init_distributed, print0, seed_everything
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
+                                init_distributed, is_sharded, print0, seed_everything, shard_layers)
 from common.models import apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
@@ -122,6 +124,9 @@ class Args:
     """LoRA scale numerator: the update is (alpha / r) B A"""
     gradient_checkpointing: bool = False
     """recompute layer activations in the backward (less memory, ~30% more compute)"""
+    fsdp: bool = False
+    """torchrun: shard the decoder layers' weights, gradients and AdamW state over the ranks (PyTorch FSDP2); the
+    weights are gathered whole for rollouts and evaluation (as in grpo_agent.py; see docs/rlef.md)"""
     micro_batch_size: int = 4
     """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
     clip_eps: float = 0.2
@@ -216,6 +221,8 @@ def validate_args(args: Args):
         problems.append("--clip-eps must be in [0, 1) and --promote-threshold in [0, 1]")
     if args.temperature < 0 or args.eval_temperature < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature / --eval-temperature must be >= 0 and --top-p in (0, 1]")
+    if args.fsdp and dist_info()[2] < 2:
+        problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
         raise SystemExit("rlef.py: " + "; ".join(problems))
 
@@ -253,11 +260,14 @@ def clipped_loss(logp, old_logp, adv, unit_mask, clip_eps, num_units):
     return loss, stats
 
 
-def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None, from_layer=None, reduce_grads=None):
+def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None, from_layer=None, reduce_grads=None,
+                  pad=None):
     """`args.update_epochs` epochs of the clipped surrogate over `trajs` (advantages `adv`, one per episode).
 
     pi_old is the behaviour log-prob recorded by the sampler (no extra forward). With frozen lower layers,
-    `layer_inputs` (recorded at layer `from_layer` by the rollout) let the trainer start there.
+    `layer_inputs` (recorded at layer `from_layer` by the rollout) let the trainer start there. Under FSDP a
+    sharded layer's forward and backward are collective, so every rank runs as many micro-batches as the
+    busiest one: `pad` = (an episode, its layer input) for zero-weight passes.
     Returns first-epoch statistics (loss, entropy, sampler/trainer log-prob gap) and last-epoch clipping.
     """
     device = adv.device
@@ -266,12 +276,22 @@ def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None,
     num_seqs = len(trajs)
     num_units = global_loss_denominator(unit_mask.sum().item())  # torchrun: averaged grads = the whole batch's mean
     chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
+    if pad is not None:
+        most = torch.tensor(len(chunks), device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        chunks += [None] * (int(most) - len(chunks))  # None: a zero-weight pass over `pad`
     stats = dict.fromkeys(("clipped", "ratio_sum", "entropy_sum", "policy_loss", "mismatch", "grad_norm"), 0.0)
     stats["num_units"] = num_units
     model.train()
     for epoch in range(args.update_epochs):
         optimizer.zero_grad(set_to_none=False)
         for c in chunks:
+            if c is None:
+                with autocast(device):
+                    units = policy_logprobs(model, [pad[0]], "free", args.temperature, False,
+                                            *(([pad[1]], from_layer) if pad[1] is not None else (None, 0)))
+                (units.logprobs.sum() * 0).backward()
+                continue
             trunk = ([layer_inputs[i] for i in c], from_layer) if layer_inputs else (None, 0)
             with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
                 units = policy_logprobs(model, [trajs[i] for i in c], "free", args.temperature, False, *trunk)
@@ -288,36 +308,10 @@ def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None,
                 stats["ratio_sum"] += s["ratio_sum"]
         if reduce_grads is not None:
             reduce_grads()
-        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
+        stats["grad_norm"] = clip_grad_norm(params, args.max_grad_norm)  # FSDP: the norm over every rank's slices
         optimizer.step()
     model.eval()
     return stats
-
-
-def scripted_episode(chat: ChatFormat, env, seed: int, actions: list[str]) -> Trajectory:
-    """The record of an episode whose attempts are given texts (SFT demonstrations, tests).
-
-    Built exactly like the rollout engine builds one: prompt, then each action followed by EOS (policy
-    tokens, mask 1), then the environment's execution feedback wrapped as the next user turn (mask 0).
-    """
-    obs, info = env.reset(seed=seed)
-    ids = chat.prompt_ids(env.system_prompt, obs)
-    mask, turn_rewards, components, termination = [0] * len(ids), [], {}, "truncated"
-    for action in actions:
-        action_ids = chat.encode(action) + [chat.eos_id]
-        ids, mask = ids + action_ids, mask + [1] * len(action_ids)
-        obs, reward, terminated, truncated, info = env.step(action)
-        turn_rewards.append(reward)
-        for name, value in info.get("reward_components", {}).items():
-            components[name] = components.get(name, 0.0) + value
-        if terminated or truncated:
-            termination = info.get("termination", "truncated")
-            break
-        segment = chat.next_turn_ids(obs, action_ended_with_eos=True)
-        ids, mask = ids + segment, mask + [0] * len(segment)
-    return Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0, turns=[],
-                      rewards=components, return_=float(sum(turn_rewards)), termination=termination,
-                      env_version=env.env_version, task_id=env.task_id, seed=seed)
 
 
 def reference_demonstration(chat: ChatFormat, env, seed: int) -> Trajectory:
@@ -396,10 +390,11 @@ if __name__ == "__main__":
         model.get_decoder().norm.requires_grad_(True)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    params = [p for p in model.parameters() if p.requires_grad]
     if args.world_size > 1:  # start from identical weights on every rank
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
+    fsdp_layers = shard_layers(model) if args.fsdp else []  # (FSDP replaces the layers' parameters by their shards)
+    params = [p for p in model.parameters() if p.requires_grad]
 
     tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
     print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {args.advantage}, {args.batch_size} episodes/iteration")
@@ -409,9 +404,9 @@ if __name__ == "__main__":
         action_mode="free", temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
         max_total_tokens=args.max_total_tokens), record_layer_inputs=frozen_below)
 
-    def all_reduce_grads():
+    def all_reduce_grads():  # FSDP has already reduced the sharded layers' gradients (a reduce-scatter in the backward)
         if args.world_size > 1:
-            for p in params:
+            for p in (p for p in params if not is_sharded(p)):
                 if p.grad is None:  # this rank had nothing to train on: it still joins the all-reduce
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad)
@@ -431,7 +426,7 @@ if __name__ == "__main__":
             sft_opt.zero_grad()
             sft_loss.backward()
             all_reduce_grads()
-            torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            clip_grad_norm(params, args.max_grad_norm)
             sft_opt.step()
             tracker.scalars({"losses/sft_loss": sft_loss.item()}, step)
             if step % 5 == 0 or step == args.sft_steps:
@@ -450,8 +445,11 @@ if __name__ == "__main__":
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes, level {level})")
 
     def run_eval(iteration: int):
-        if rank != 0:  # one process evaluates
-            return
+        with gathered(fsdp_layers):  # FSDP: every rank gathers the whole weights (collective), rank 0 evaluates
+            if rank == 0:
+                evaluate_and_log(iteration)
+
+    def evaluate_and_log(iteration: int):
         t0, metrics, eval_level = time.time(), {}, args.eval_level or None
         if args.eval_tasks:
             m = evaluate(engine, lambda: envs.make("codegen", split="test", level=eval_level, max_attempts=args.eval_attempts),
@@ -481,7 +479,7 @@ if __name__ == "__main__":
             task_seeds = [(args.seed * 1000 + rank) * 1_000_000 + task_counter + j for j in range(wanted)]
             task_counter += wanted
             seeds = [s for s in task_seeds for _ in range(args.group_size)]
-            with autocast(device):
+            with autocast(device), gathered(fsdp_layers):  # FSDP: whole weights, as ranks' rollouts differ in length
                 trajs = engine.run([make_train_env(level) for _ in seeds], seeds, args.env_id,
                                    policy_version=iteration - 1, generator=sample_gen)
             all_trajs += trajs
@@ -514,7 +512,7 @@ if __name__ == "__main__":
         # ---- advantages: group-normalised (grpo, eq. 12.18) or batch baseline (ppo) ----
         train_trajs = [t for group in kept for t in group]
         train_inputs = [x for group in kept_inputs for x in group] if frozen_below is not None else None
-        train_adv = torch.zeros(0)
+        train_adv = torch.zeros(0, device=device)
         if kept:
             returns = torch.tensor([[t.return_ for t in group] for group in kept], dtype=torch.float32)
             train_adv = advantages(returns, args.advantage, args.adv_eps).flatten().to(device)
@@ -526,8 +524,9 @@ if __name__ == "__main__":
             ranks_with_data = all_reduce_mean({"n": ranks_with_data})["n"] * args.world_size
         stats = dict.fromkeys(("num_units", "clipped", "ratio_sum", "entropy_sum", "policy_loss", "mismatch", "grad_norm"), 0.0)
         if ranks_with_data > 0:
+            pad = (trajs[0], engine.layer_inputs[0] if frozen_below is not None else None) if fsdp_layers else None
             stats = update_policy(model, optimizer, params, train_trajs, train_adv, args, train_inputs, frozen_below,
-                                  all_reduce_grads)
+                                  all_reduce_grads, pad)
         update_s = time.time() - t1
 
         # ---- logging ----
@@ -585,9 +584,10 @@ if __name__ == "__main__":
     interrupt.stop()
     run_eval(args.total_iterations)
 
+    weights = full_tensors(model.state_dict()) if args.save_model and fsdp_layers else None  # FSDP: collective
     if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
-        save_model(model, tokenizer, path)  # with LoRA: the adapter only
+        save_model(model, tokenizer, path, weights)  # with LoRA: the adapter only
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()

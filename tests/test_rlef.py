@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from common.chat import ChatFormat
+from common.records import Trajectory
 from common.rollout import behavior_units, policy_logprobs
 from common.tracking import read_scalars
 from envs.codegen import REWARD_INVALID, CodegenEnv, generate_task
@@ -22,6 +23,32 @@ spec = importlib.util.spec_from_file_location("rlef", ROOT / "algorithms" / "rle
 rlef = importlib.util.module_from_spec(spec)
 sys.modules["rlef"] = rlef
 spec.loader.exec_module(rlef)
+
+
+def scripted_episode(chat: ChatFormat, env, seed: int, actions: list[str]) -> Trajectory:
+    """The record of an episode whose attempts are given texts.
+
+    Built exactly like the rollout engine builds one: prompt, then each action followed by EOS (policy
+    tokens, mask 1), then the environment's execution feedback wrapped as the next user turn (mask 0).
+    """
+    obs, info = env.reset(seed=seed)
+    ids = chat.prompt_ids(env.system_prompt, obs)
+    mask, turn_rewards, components, termination = [0] * len(ids), [], {}, "truncated"
+    for action in actions:
+        action_ids = chat.encode(action) + [chat.eos_id]
+        ids, mask = ids + action_ids, mask + [1] * len(action_ids)
+        obs, reward, terminated, truncated, info = env.step(action)
+        turn_rewards.append(reward)
+        for name, value in info.get("reward_components", {}).items():
+            components[name] = components.get(name, 0.0) + value
+        if terminated or truncated:
+            termination = info.get("termination", "truncated")
+            break
+        segment = chat.next_turn_ids(obs, action_ended_with_eos=True)
+        ids, mask = ids + segment, mask + [0] * len(segment)
+    return Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0, turns=[],
+                      rewards=components, return_=float(sum(turn_rewards)), termination=termination,
+                      env_version=env.env_version, task_id=env.task_id, seed=seed)
 
 
 def fenced(code: str) -> str:
@@ -62,12 +89,12 @@ def test_reward_is_the_fraction_of_passing_tests(tiny):
              "broken (syntax)": (f"def {task.entry_point}(x:\n    return x\n", 0.0, "failure"),
              "broken (raises)": (f"def {task.entry_point}(x):\n    raise ValueError(x)\n", 0.0, "failure")}
     for name, (code, fraction, termination) in cases.items():
-        traj = rlef.scripted_episode(chat, env, seed, [fenced(code)])
+        traj = scripted_episode(chat, env, seed, [fenced(code)])
         assert traj.return_ == pytest.approx(fraction), name
         assert traj.rewards["task"] == pytest.approx(fraction) and traj.rewards["format"] == 0.0, name
         assert traj.termination == termination, name
     # no code block: nothing runs, the format penalty is the whole reward
-    traj = rlef.scripted_episode(chat, env, seed, ["def f(x): return x"])
+    traj = scripted_episode(chat, env, seed, ["def f(x): return x"])
     assert traj.return_ == pytest.approx(REWARD_INVALID) and traj.rewards["task"] == 0.0
     assert traj.termination == "invalid_action"
 
@@ -78,9 +105,9 @@ def test_multi_turn_reward_is_the_last_attempts_fraction(tiny):
     seed, task = affine_task()
     env = CodegenEnv("train", 1, max_attempts=3)
     partial = partial_solution(task)
-    fixed = rlef.scripted_episode(chat, env, seed, [fenced(partial), fenced(task.reference)])
+    fixed = scripted_episode(chat, env, seed, [fenced(partial), fenced(task.reference)])
     assert fixed.return_ == pytest.approx(1.0) and fixed.termination == "success"
-    worse = rlef.scripted_episode(chat, env, seed, [fenced(partial), "no code", fenced(partial)])
+    worse = scripted_episode(chat, env, seed, [fenced(partial), "no code", fenced(partial)])
     # task components telescope to the last attempt's fraction; one format penalty for the attempt without code
     assert worse.rewards["task"] == pytest.approx(expected_fraction(task, partial))
     assert worse.return_ == pytest.approx(expected_fraction(task, partial) + REWARD_INVALID)
@@ -98,7 +125,7 @@ def test_reference_demonstration_trains_only_the_code_answer(tiny):
     assert demo.token_ids[start:end] == chat.encode(f"```python\n{task.reference}```") + [chat.eos_id]
     # and that answer, run through the environment, is a correct submission
     env = CodegenEnv("train", 1, max_attempts=1)
-    assert rlef.scripted_episode(chat, env, seed, [tok.decode(demo.token_ids[start:end - 1])]).return_ == 1.0
+    assert scripted_episode(chat, env, seed, [tok.decode(demo.token_ids[start:end - 1])]).return_ == 1.0
 
 
 # --- pass@k, advantages, loss: hand-computed ----------------------------------------------------------------
@@ -146,7 +173,7 @@ def test_loss_ignores_execution_feedback_tokens(tiny):
     chat = ChatFormat(tok)
     seed, task = affine_task()
     env = CodegenEnv("train", 1, max_attempts=2)
-    traj = rlef.scripted_episode(chat, env, seed, [fenced(partial_solution(task)), fenced(task.reference)])
+    traj = scripted_episode(chat, env, seed, [fenced(partial_solution(task)), fenced(task.reference)])
     traj.validate()
     # the execution feedback after attempt 1 is in the record, and every one of its tokens has mask 0
     env.reset(seed=seed)
@@ -188,7 +215,7 @@ def test_update_raises_the_passing_submission_and_lowers_the_failing_one(tiny):
     env = CodegenEnv("train", 1, max_attempts=1)
     good = fenced(task.reference)
     bad = fenced(f"def {task.entry_point}(x):\n    return x\n")
-    group = [rlef.scripted_episode(chat, env, seed, [text]) for text in (good, bad, good, bad)]
+    group = [scripted_episode(chat, env, seed, [text]) for text in (good, bad, good, bad)]
     returns = torch.tensor([[t.return_ for t in group]])
     assert returns[0, 0] == 1.0 and returns[0, 1] < 1.0
     with torch.no_grad():  # the behaviour log-probs a sampler would have recorded
@@ -253,3 +280,62 @@ def test_lora_run_saves_an_adapter_that_load_model_loads(tmp_path):
     model, _ = load_model(str(saved))
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # B starts at 0: the cold start trained the adapter
+
+
+# a codegen environment whose rank-0 episodes earn a checksum bonus a random `tiny` model collects (reward variance:
+# trained) while rank 1's earn only the real reward, which tiny never does (zero variance: dropped, nothing to train)
+RANK_SHAPED_CODEGEN = '''
+import os
+from envs.codegen import CodegenEnv
+
+
+class RankShapedCodegen(CodegenEnv):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        bonus = sum(map(ord, str(action))) % 10 / 10 if os.environ.get("RANK", "0") == "0" else 0.0
+        return obs, reward + bonus, terminated, truncated, info
+'''
+
+
+def test_fsdp_takes_the_data_parallel_steps(tmp_path):
+    """2 gloo ranks, every layer trained: --fsdp (decoder layers sharded) against plain data parallel on the same
+    seeds, with the SFT cold start, evaluation on rank 0 and a rank whose group is dropped (it joins the sharded
+    collectives with zero-weight passes; without them the run would hang). Same losses, gradient norms, returns,
+    evaluation and saved weights, up to float noise."""
+    import os
+    import socket
+
+    from safetensors.torch import load_file
+
+    (tmp_path / "rank_shaped.py").write_text(RANK_SHAPED_CODEGEN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    flags = ["--model", "tiny", "--env-id", "rank_shaped:RankShapedCodegen", "--group-size", "4", "--max-turn-tokens", "8",
+             "--micro-batch-size", "2", "--trainable-layers", "0", "--learning-rate", "1e-2", "--sft-steps", "1",
+             "--sft-batch-size", "2", "--resample-budget", "0", "--eval-tasks", "1", "--eval-samples", "2", "--eval-k", "2",
+             "--humaneval-tasks", "0", "--total-iterations", "2", "--save-model"]
+    runs = {}
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
+        with socket.socket() as s:  # a free port: other tests may run torchrun at the same time
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+               str(ROOT / "algorithms" / "rlef.py"), "--output-dir", str(tmp_path / name), *flags, *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        (runs[name],) = [p for p in (tmp_path / name).iterdir() if p.is_dir()]
+    got, expected = read_scalars(runs["fsdp"]), read_scalars(runs["ddp"])
+    for tag in ("losses/sft_loss", "losses/policy_loss", "diagnostics/grad_norm", "charts/episodic_return",
+                "diagnostics/logprob_mismatch", "eval/mean_reward"):
+        assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-6), tag
+    assert [v for _, v in expected["diagnostics/zero_variance_groups"]] == [0.5, 0.5]  # rank 1's group, dropped
+    assert all(v > 0 for _, v in expected["diagnostics/grad_norm"])
+    sharded, whole = (load_file(str(d / "model" / "model.safetensors")) for d in (runs["fsdp"], runs["ddp"]))
+    assert set(sharded) == set(whole)
+    for name, value in whole.items():
+        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_fsdp_needs_torchrun():
+    with pytest.raises(SystemExit, match="--fsdp shards over torchrun processes"):
+        rlef.validate_args(rlef.Args(fsdp=True))
