@@ -18,7 +18,8 @@ Usage:
     python algorithms/star.py --device cuda --num-problems 512 --eval-problems 256 --outer-iterations 5
     python algorithms/star.py --checkpoint-every 1                    # then, after a crash or Ctrl-C:
     python algorithms/star.py --resume runs/<run> --outer-iterations 5  # continue (and extend) that run
-    (single process: STaR's phases are offline SFT on a small set; no torchrun path)
+    torchrun --nproc_per_node 2 algorithms/star.py --model tiny --outer-iterations 2 --num-problems 4 --eval-problems 2
+    torchrun --nproc_per_node 8 algorithms/star.py --fsdp --model <path>   # layers sharded over the ranks (FSDP2)
 
 Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
 `package.module:Factory` passed as --env-id whose environment has `problem`, `answer`,
@@ -39,6 +40,7 @@ Where this departs from the paper / seed:
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import sys
@@ -53,8 +55,9 @@ import torch.distributed as dist
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, all_reduce_sum, global_loss_denominator, init_distributed, print0,
-                                rank_param_divergence, seed_everything)
+from common.distributed import (all_reduce_mean, all_reduce_sum, clip_grad_norm, dist_info, full_tensors, gathered,
+                                global_loss_denominator, init_distributed, is_sharded, print0, rank_param_divergence,
+                                seed_everything, shard_layers)
 from common.models import apply_lora, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, policy_logprobs
@@ -128,6 +131,9 @@ class Args:
     """LoRA scale numerator: the update is (alpha / r) B A"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
+    fsdp: bool = False
+    """torchrun: shard the decoder layers' weights, gradients and AdamW state over the ranks (PyTorch FSDP2); the
+    weights are gathered whole for sampling (as in grpo_agent.py)"""
 
 
 # the flags --resume lets differ from the saved run
@@ -158,6 +164,8 @@ def validate_args(args: Args):
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.learning_rate <= 0:
         problems.append("--learning-rate must be > 0")
+    if args.fsdp and dist_info()[2] < 2:
+        problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
         raise SystemExit("star.py: " + "; ".join(problems))
 
@@ -295,10 +303,12 @@ if __name__ == "__main__":
 
     seed_everything(args.seed, args.torch_deterministic)
     model, tokenizer = load_model(args.model, device, torch.float32 if args.lora_r == 0 else None, seed=args.seed)
-    model, params = train_parameters(model, args.trainable_layers, args.lora_r, args.lora_alpha)
+    model, _ = train_parameters(model, args.trainable_layers, args.lora_r, args.lora_alpha)
     if world > 1:  # identical weights on every rank (LoRA's initialisation draws random numbers)
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
+    fsdp_layers = shard_layers(model) if args.fsdp else []  # (FSDP replaces the layers' parameters by their shards)
+    params = [p for p in model.parameters() if p.requires_grad]
     # the base model M_0, restored before each outer iteration's SFT (only what SFT changes needs keeping)
     base_state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     sample_gen = torch.Generator(device=device).manual_seed(args.seed + 1000 * rank)
@@ -326,7 +336,8 @@ if __name__ == "__main__":
         engine.config = config or engine.config
         t0 = time.time()
         wrapped = [PromptedEnv(make_env(args, split), system, hint_shots if hint else shots, hint) for _ in seeds]
-        trajs = engine.run(wrapped, seeds, args.env_id, policy_version=iteration - 1, generator=sample_gen)
+        with gathered(fsdp_layers):  # FSDP: whole weights, as ranks' samples differ in length
+            trajs = engine.run(wrapped, seeds, args.env_id, policy_version=iteration - 1, generator=sample_gen)
         engine.config = sampling
         seconds = time.time() - t0
         return trajs, seconds, sum(len(t.token_ids) for t in trajs) / max(seconds, 1e-9)
@@ -392,6 +403,10 @@ if __name__ == "__main__":
         if steps:
             optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
             order: list[int] = []
+            micro_batches = math.ceil(min(args.sft_batch_size, len(examples)) / args.micro_batch_size)
+            if fsdp_layers:  # a sharded layer's forward/backward is collective: every rank runs as many as the busiest
+                most = torch.tensor(micro_batches, device=device)
+                dist.all_reduce(most, op=dist.ReduceOp.MAX)
             model.train()
             for step in range(steps):
                 batch = []
@@ -407,13 +422,15 @@ if __name__ == "__main__":
                     loss = sft_loss(model, batch[i: i + args.micro_batch_size], num_tokens)
                     loss.backward()
                     total += loss.item()
+                for _ in range(int(most) - micro_batches if fsdp_layers else 0):
+                    (sft_loss(model, direct[:1], 1) * 0).backward()  # a zero-weight pass, to join the collectives
                 if world > 1:  # a rank without examples adds zero gradients; all ranks take the same step
-                    for p in params:
+                    for p in (p for p in params if not is_sharded(p)):  # FSDP reduce-scattered the sharded ones
                         p.grad = torch.zeros_like(p) if p.grad is None else p.grad
                         dist.all_reduce(p.grad)
                         p.grad /= world
                     total = all_reduce_sum({"loss": total})["loss"] / world
-                torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+                clip_grad_norm(params, args.max_grad_norm)  # FSDP: the norm over every rank's slices
                 optimizer.step()
                 losses.append(total)
             model.eval()
@@ -463,9 +480,10 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
+    weights = full_tensors(model.state_dict()) if args.save_model and fsdp_layers else None  # FSDP: collective
     if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
-        save_model(model, tokenizer, path)  # with LoRA: the adapter only
+        save_model(model, tokenizer, path, weights)  # with LoRA: the adapter only
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
