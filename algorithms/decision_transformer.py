@@ -33,6 +33,7 @@ Usage:
     python algorithms/decision_transformer.py --trainable-layers 0           # train the whole model
     python algorithms/decision_transformer.py --device cuda                  # one GPU
     torchrun --nproc_per_node 2 algorithms/decision_transformer.py --model tiny --train-steps 20  # data parallel
+    torchrun --nproc_per_node 8 algorithms/decision_transformer.py --fsdp --model <path>  # layers sharded (FSDP2)
     python algorithms/decision_transformer.py --lora-r 8 --save-model       # LoRA adapters; saves the adapter only
     python algorithms/decision_transformer.py --checkpoint-every 50          # then, after a crash or Ctrl-C:
     python algorithms/decision_transformer.py --resume runs/<run> [--train-steps 400]
@@ -71,8 +72,8 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, dist_info, global_loss_denominator, init_distributed, print0,
-                                rank_param_divergence, seed_everything)
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
+                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
 from common.models import apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
 from common.records import Trajectory
 from common.rollout import score_candidates
@@ -130,6 +131,9 @@ class Args:
     """LoRA scale numerator: the update is (alpha / r) B A"""
     gradient_checkpointing: bool = False
     """recompute layer activations in the backward (less memory, ~30% more compute)"""
+    fsdp: bool = False
+    """torchrun: shard the decoder layers' weights, gradients and AdamW state over the ranks (PyTorch FSDP2); the
+    weights are gathered whole for evaluation (as in grpo_agent.py)"""
     max_grad_norm: float = 0.25
     """gradient clipping (the paper uses 0.25)"""
     rtg_scale: float = 1.0
@@ -185,6 +189,8 @@ def validate_args(args: Args):
         problems.append(f"--dataset {args.dataset!r} is not a file")
     if args.minibatch_size % dist_info()[2]:  # torchrun: equal slices of the global minibatch
         problems.append(f"--minibatch-size {args.minibatch_size} must be divisible by the {dist_info()[2]} processes")
+    if args.fsdp and dist_info()[2] < 2:
+        problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
         raise SystemExit("decision_transformer.py: " + "; ".join(problems))
 
@@ -388,10 +394,11 @@ if __name__ == "__main__":
         model.get_decoder().norm.requires_grad_(True)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    params = [p for p in model.parameters() if p.requires_grad]
     if world > 1:  # identical starting weights on every rank (LoRA's initialisation draws random numbers)
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
+    fsdp_layers = shard_layers(model) if args.fsdp else []  # (FSDP replaces the layers' parameters by their shards)
+    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     fmt = StepFormat(tokenizer, args.rtg_scale, args.rtg_decimals)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -412,19 +419,24 @@ if __name__ == "__main__":
            f"R*={target:.2f}, sweep {sweep}")
 
     def run_eval(step: int, targets: list[float]) -> list[dict]:
+        """Rank 0 evaluates (the others get []); under FSDP every rank first gathers the whole weights (collective)."""
         te = time.time()
         model.eval()
-        results = evaluate(model, fmt, args.env_id, targets, args.eval_episodes, args.seed, args.context_len, pad_id)
+        with gathered(fsdp_layers):
+            results = evaluate(model, fmt, args.env_id, targets, args.eval_episodes, args.seed, args.context_len,
+                               pad_id) if rank == 0 else []
         tracker.scalars({"perf/eval_s": time.time() - te}, step)
         return results
 
-    def log_main(step: int, res: dict):
+    def log_main(step: int, res: dict | None = None):
+        if res is None:  # not rank 0: nothing was evaluated here
+            return
         tracker.scalars({f"eval/{k}": v for k, v in res.items() if k != "target"}, step)
         print0(f"eval @ step {step} | R*={res['target']:.2f} | return {res['episodic_return']:.2f} "
                f"| success {res['success_rate']:.2f} | length {res['episode_length']:.1f}")
 
-    if args.eval_every > 0 and not resumed and rank == 0:  # evaluation: rank 0 alone (the others wait at an all-reduce)
-        log_main(0, run_eval(0, [target])[0])
+    if args.eval_every > 0 and not resumed:  # evaluation: rank 0 alone (the others wait at an all-reduce)
+        log_main(0, *run_eval(0, [target]))
     start = time.time()
     interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this step, save a checkpoint, exit
     for step in range(first_step, args.train_steps + 1):
@@ -445,10 +457,10 @@ if __name__ == "__main__":
         optimizer.zero_grad()
         loss.backward()
         if world > 1:  # the average of the ranks' gradients: one process's on the whole minibatch
-            for p in params:
+            for p in (p for p in params if not is_sharded(p)):  # FSDP reduce-scattered the sharded ones
                 dist.all_reduce(p.grad)
                 p.grad /= world
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
+        grad_norm = clip_grad_norm(params, args.max_grad_norm)  # FSDP: the norm over every rank's slices
         optimizer.step()
         update_s = time.time() - t1
         m = all_reduce_mean({"losses/action_loss": loss.item(), "diagnostics/action_token_accuracy": accuracy.item(),
@@ -460,8 +472,8 @@ if __name__ == "__main__":
         if step == 1 or step % 25 == 0 or step == args.train_steps:
             print0(f"step {step}/{args.train_steps} | loss {m['losses/action_loss']:.4f} | action-token acc "
                    f"{m['diagnostics/action_token_accuracy']:.2f} | {update_s:.2f}s/step | {time.time() - start:.0f}s")
-        if args.eval_every > 0 and step % args.eval_every == 0 and step != args.train_steps and rank == 0:
-            log_main(step, run_eval(step, [target])[0])
+        if args.eval_every > 0 and step % args.eval_every == 0 and step != args.train_steps:
+            log_main(step, *run_eval(step, [target]))
         stop = interrupt.should_stop()
         if ckpt.due(step, last=step == args.train_steps) or stop:  # before the final sweep: --resume extends
             ckpt.save({"iteration": step}, model, optimizer, generators=generators, tracker=tracker)
@@ -473,8 +485,9 @@ if __name__ == "__main__":
     interrupt.stop()
 
     # ---- final evaluation (rank 0): R* = target, then the sweep over R* (return conditioning) ----
+    final = run_eval(args.train_steps, list(dict.fromkeys([target] + sweep)))
+    weights = full_tensors(model.state_dict()) if args.save_model and fsdp_layers else None  # FSDP: collective
     if rank == 0:
-        final = run_eval(args.train_steps, list(dict.fromkeys([target] + sweep)))
         log_main(args.train_steps, final[0])
         by_target = {r["target"]: r for r in final}
         achieved = [by_target[v]["episodic_return"] for v in sweep]
@@ -493,7 +506,7 @@ if __name__ == "__main__":
 
         if args.save_model:
             path = os.path.join(run_dir, "model")
-            save_model(model, tokenizer, path)  # with LoRA: the adapter only (+ the base's name for load_model)
+            save_model(model, tokenizer, path, weights)  # with LoRA: the adapter only (+ the base's name for load_model)
             print0(f"model saved to {path}")
     print0(f"done in {time.time() - t0:.0f}s; logs in {run_dir}")
     tracker.close()

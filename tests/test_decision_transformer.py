@@ -289,11 +289,13 @@ def test_dt_loss_with_the_global_denominator_sums_to_the_whole_batch_loss():
     assert ((local[0] + local[1]) / 2).item() != pytest.approx(whole.item(), abs=1e-3)  # local means: not the same
 
 
-@pytest.mark.parametrize("resume", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["straight", "resumed"])
-def test_torchrun_two_ranks_equal_one_process_and_stay_in_sync(tmp_path, resume):
+@pytest.mark.parametrize("resume, fsdp", [(False, False), pytest.param(True, False, marks=pytest.mark.slow), (False, True)],
+                         ids=["straight", "resumed", "fsdp"])
+def test_torchrun_two_ranks_equal_one_process_and_stay_in_sync(tmp_path, resume, fsdp):
     """1 process x minibatch 4 vs 2 gloo ranks x 2 windows (the same global minibatch, split), 4 steps (resumed: 2
-    with a checkpoint, then --resume under torchrun). Losses, gradient norms, evaluations and the saved weights
-    match the 1-process run up to float noise (other padding widths), and the ranks' weights agree at every step."""
+    with a checkpoint, then --resume under torchrun; fsdp: the decoder layers sharded over the 2 ranks, gathered
+    whole for rank 0's evaluations). Losses, gradient norms, evaluations and the saved weights match the 1-process
+    run up to float noise (other padding widths), and the ranks' replicated weights agree at every step."""
     import socket
 
     from safetensors.torch import load_file
@@ -311,7 +313,7 @@ def test_torchrun_two_ranks_equal_one_process_and_stay_in_sync(tmp_path, resume)
     one = subprocess.Popen(_dt_cmd(*flags, "--train-steps", "4", "--save-model", "--output-dir", str(tmp_path / "one")),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     steps = ["--train-steps", "2", "--checkpoint-every", "2"] if resume else ["--train-steps", "4", "--save-model"]
-    proc = torchrun(*_dt_cmd(*flags, *steps, "--output-dir", str(tmp_path / "two"))[1:])
+    proc = torchrun(*_dt_cmd(*flags, *steps, *(["--fsdp"] if fsdp else []), "--output-dir", str(tmp_path / "two"))[1:])
     (run_dir,) = (tmp_path / "two").iterdir()  # rank 0 alone writes
     assert proc.stdout.count(f"step {steps[1]}/{steps[1]} ") == 1  # print0: the last step's line, once
     if resume:
