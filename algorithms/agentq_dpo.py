@@ -64,7 +64,7 @@ import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import dist_info, init_distributed, print0, rank_param_divergence, seed_everything
-from common.models import adapter_disabled, apply_lora, load_model, resolve_device, save_model
+from common.models import adapter_disabled, load_model, resolve_device, save_model, train_top_layers
 from common.records import ChoiceStep, Trajectory
 from common.rollout import KVBatch, RolloutConfig, RolloutEngine, policy_logprobs, sample_from_logits, score_candidates
 from common.tracking import Tracker, make_run_name
@@ -445,16 +445,8 @@ if __name__ == "__main__":
     seed_everything(args.seed, args.torch_deterministic)
     dtype = torch.float32 if args.lora_r == 0 else None  # trained weights in fp32 (bf16 rounds a 1e-5 step away)
     model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
-    num_layers = len(model.get_decoder().layers)
-    top = 0 < args.trainable_layers < num_layers
-    if args.lora_r > 0:  # adapters on the trained layers (all if 0); every base weight frozen, B = 0: starts as the base
-        model = apply_lora(model, args.lora_r, args.lora_alpha,
-                           layers=range(num_layers - args.trainable_layers, num_layers) if top else None)
-    elif top:
-        model.requires_grad_(False)
-        for layer in model.get_decoder().layers[-args.trainable_layers:]:
-            layer.requires_grad_(True)
-        model.get_decoder().norm.requires_grad_(True)
+    # the top --trainable-layers layers and the final norm, or LoRA adapters on them (base frozen, B = 0: starts as the base)
+    model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha)
     params = [p for p in model.parameters() if p.requires_grad]
     if world > 1:  # identical starting weights on every rank (LoRA's init draws random numbers)
         for p in params:

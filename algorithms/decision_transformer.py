@@ -74,7 +74,7 @@ import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
                                 init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
-from common.models import apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
+from common.models import autocast, load_model, resolve_device, save_model, train_top_layers
 from common.records import Trajectory
 from common.rollout import score_candidates
 from common.tracking import Tracker, make_run_name
@@ -380,20 +380,10 @@ if __name__ == "__main__":
 
     dtype = torch.float32 if args.lora_r == 0 else None  # trained weights in fp32 (bf16 rounds a 1e-5 step away)
     model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
-    num_layers = len(model.get_decoder().layers)
-    top = 0 < args.trainable_layers < num_layers
     # the return-to-go and the state are text read by the LM's own embeddings: every trained weight is in
-    # the LM (no separate DT embeddings or heads), so the checkpoint and --save-model need only the LM
-    if args.lora_r > 0:  # adapters on the trained layers (all if 0); every base weight frozen
-        model = apply_lora(model, args.lora_r, args.lora_alpha,
-                           layers=range(num_layers - args.trainable_layers, num_layers) if top else None)
-    elif top:
-        model.requires_grad_(False)
-        for layer in model.get_decoder().layers[-args.trainable_layers:]:
-            layer.requires_grad_(True)
-        model.get_decoder().norm.requires_grad_(True)
-    if args.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+    # the LM (no separate DT embeddings or heads), so the checkpoint and --save-model need only the LM. It trains
+    # the top --trainable-layers layers and the final norm, or LoRA adapters on them (every base weight frozen)
+    model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha, args.gradient_checkpointing)
     if world > 1:  # identical starting weights on every rank (LoRA's initialisation draws random numbers)
         for p in model.parameters():
             dist.broadcast(p.data, src=0)

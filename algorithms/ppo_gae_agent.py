@@ -61,8 +61,8 @@ import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import (all_reduce_mean, global_loss_denominator, init_distributed, print0, rank_param_divergence,
                                 seed_everything)
-from common.models import (adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, load_model,
-                           parameter_counts, resolve_device, save_model)
+from common.models import (adapter_disabled, autocast, load_model, parameter_counts, resolve_device, save_model,
+                           train_top_layers)
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -338,21 +338,6 @@ def evaluate(engine: RolloutEngine, make_env, env_id: str, num: int, seed: int) 
     return episode_metrics(trajs)
 
 
-def make_trainable(lm, trainable_layers: int, lora_r: int, lora_alpha: float, checkpointing: bool):
-    """Train the top `trainable_layers` layers and the final norm (all if 0), or (`lora_r` > 0) LoRA adapters on
-    them with every base weight frozen. Lower layers stay the initial model: the frozen trunk is shared."""
-    layers = lm.get_decoder().layers
-    top = 0 < trainable_layers < len(layers)
-    if lora_r > 0:
-        lm = apply_lora(lm, lora_r, lora_alpha, layers=range(len(layers) - trainable_layers, len(layers)) if top else None)
-    elif top:
-        lm.requires_grad_(False)
-        for layer in layers[-trainable_layers:]:
-            layer.requires_grad_(True)
-        lm.get_decoder().norm.requires_grad_(True)
-    return enable_gradient_checkpointing(lm) if checkpointing else lm
-
-
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "ppo_gae_agent.py")
     validate_args(args)
@@ -380,14 +365,14 @@ if __name__ == "__main__":
     sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
     py_rng = random.Random(rank_seed)
     num_layers = len(model.get_decoder().layers)
-    model = make_trainable(model, args.trainable_layers, args.lora_r, args.lora_alpha, args.gradient_checkpointing)
+    model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha, args.gradient_checkpointing)
     # the value head: V(s) = w . h(s) + b on the final hidden state, zero-initialised so that V starts at 0
     value_head = torch.nn.Linear(model.config.hidden_size, 1, device=device, dtype=torch.float32)
     torch.nn.init.zeros_(value_head.weight)
     torch.nn.init.zeros_(value_head.bias)
     critic = model
     if args.critic == "separate":
-        critic = make_trainable(load_model(args.model, device, dtype, seed=args.seed)[0], args.trainable_layers,
+        critic = train_top_layers(load_model(args.model, device, dtype, seed=args.seed)[0], args.trainable_layers,
                                 args.lora_r, args.lora_alpha, args.gradient_checkpointing)
     ref_model = None  # the frozen initial policy; with LoRA, the policy itself with its adapters switched off
     if args.beta > 0:

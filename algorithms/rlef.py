@@ -71,7 +71,7 @@ from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
                                 init_distributed, is_sharded, print0, seed_everything, shard_layers)
-from common.models import apply_lora, autocast, enable_gradient_checkpointing, load_model, resolve_device, save_model
+from common.models import autocast, load_model, resolve_device, save_model, train_top_layers
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -379,17 +379,8 @@ if __name__ == "__main__":
     py_rng = random.Random(rank_seed)
 
     num_layers = len(model.get_decoder().layers)
-    top = 0 < args.trainable_layers < num_layers
-    if args.lora_r > 0:  # adapters on the trained layers (all if 0); every base weight frozen
-        model = apply_lora(model, args.lora_r, args.lora_alpha,
-                           layers=range(num_layers - args.trainable_layers, num_layers) if top else None)
-    elif top:
-        model.requires_grad_(False)
-        for layer in model.get_decoder().layers[-args.trainable_layers:]:
-            layer.requires_grad_(True)
-        model.get_decoder().norm.requires_grad_(True)
-    if args.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+    # the top --trainable-layers layers and the final norm, or LoRA adapters on them (every base weight frozen)
+    model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha, args.gradient_checkpointing)
     if args.world_size > 1:  # start from identical weights on every rank
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
@@ -399,7 +390,7 @@ if __name__ == "__main__":
     tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
     print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {args.advantage}, {args.batch_size} episodes/iteration")
     # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer
-    frozen_below = num_layers - args.trainable_layers if top else None
+    frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
     engine = RolloutEngine(model, tokenizer, RolloutConfig(
         action_mode="free", temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
         max_total_tokens=args.max_total_tokens), record_layer_inputs=frozen_below)

@@ -58,7 +58,7 @@ from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import (all_reduce_mean, all_reduce_sum, clip_grad_norm, dist_info, full_tensors, gathered,
                                 global_loss_denominator, init_distributed, is_sharded, print0, rank_param_divergence,
                                 seed_everything, shard_layers)
-from common.models import apply_lora, load_model, resolve_device, save_model
+from common.models import load_model, resolve_device, save_model, train_top_layers
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -263,22 +263,6 @@ def solve_stats(trajs: list[Trajectory]) -> dict[str, float]:
             "episode_length": float(np.mean([t.num_policy_tokens for t in trajs])) if trajs else 0.0}
 
 
-def train_parameters(model, trainable_layers: int, lora_r: int = 0, lora_alpha: float = 16.0):
-    """(model, its trained parameters): the top layers, or LoRA adapters on them (the model is then wrapped)."""
-    layers = model.get_decoder().layers
-    top = 0 < trainable_layers < len(layers)
-    if lora_r > 0:
-        model = apply_lora(model, lora_r, lora_alpha, layers=range(len(layers) - trainable_layers, len(layers)) if top else None)
-    elif top:
-        model.requires_grad_(False)
-        for layer in layers[-trainable_layers:]:
-            layer.requires_grad_(True)
-        model.get_decoder().norm.requires_grad_(True)
-    else:
-        model.requires_grad_(True)
-    return model, [p for p in model.parameters() if p.requires_grad]
-
-
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "star.py")
     validate_args(args)
@@ -303,7 +287,7 @@ if __name__ == "__main__":
 
     seed_everything(args.seed, args.torch_deterministic)
     model, tokenizer = load_model(args.model, device, torch.float32 if args.lora_r == 0 else None, seed=args.seed)
-    model, _ = train_parameters(model, args.trainable_layers, args.lora_r, args.lora_alpha)
+    model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha)  # top layers + norm, or LoRA
     if world > 1:  # identical weights on every rank (LoRA's initialisation draws random numbers)
         for p in model.parameters():
             dist.broadcast(p.data, src=0)

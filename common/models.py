@@ -250,6 +250,26 @@ def autocast(device: torch.device | str):
     return contextlib.nullcontext()
 
 
+def train_top_layers(model, trainable_layers: int, lora_r: int = 0, lora_alpha: float = 16.0, checkpointing: bool = False):
+    """What a fine-tune trains: the top `trainable_layers` decoder layers and the final norm (the whole model if 0
+    or at least the layer count), or, with `lora_r` > 0, LoRA adapters on those layers with every base weight
+    frozen. The lower layers stay the initial model, so a frozen trunk can be shared (rollout activations reused
+    by the trainer, the reference and a separate critic). `checkpointing`: `enable_gradient_checkpointing`.
+    Returns the model (peft-wrapped with LoRA); its trained parameters are those with requires_grad."""
+    layers = model.get_decoder().layers
+    top = 0 < trainable_layers < len(layers)
+    if lora_r > 0:
+        model = apply_lora(model, lora_r, lora_alpha, layers=range(len(layers) - trainable_layers, len(layers)) if top else None)
+    elif top:
+        model.requires_grad_(False)
+        for layer in layers[-trainable_layers:]:
+            layer.requires_grad_(True)
+        model.get_decoder().norm.requires_grad_(True)
+    else:
+        model.requires_grad_(True)
+    return enable_gradient_checkpointing(model) if checkpointing else model
+
+
 def enable_gradient_checkpointing(model):
     """Recompute each decoder layer's activations in the backward instead of storing them (memory for
     ~30% more compute). Non-reentrant checkpointing, so gradients reach adapters and unfrozen layers

@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 
 import envs
-from common.models import (adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, is_peft, load_model,
-                           parameter_counts, save_model)
+from common.models import (adapter_disabled, apply_lora, autocast, enable_gradient_checkpointing, is_peft,
+                           load_model, parameter_counts, save_model, train_top_layers)
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import read_scalars
 
@@ -67,7 +67,7 @@ def test_lora_freezes_base_trains_adapters_and_saves_only_the_adapter(tmp_path):
         base_logits = base(input_ids=ids).logits.clone()
         base_units = policy_logprobs(base, trajs, "choice", 1.0, True).logprobs
 
-    model = ppo.make_trainable(base, trainable_layers=0, lora_r=4, lora_alpha=8.0, checkpointing=False)
+    model = train_top_layers(base, trainable_layers=0, lora_r=4, lora_alpha=8.0, checkpointing=False)
     assert is_peft(model)
     trainable, total = parameter_counts(model)
     # tiny: 2 layers x (q,k,v,o: 64->64, 64->32, 64->32, 64->64; gate, up: 64->192; down: 192->64) at r = 4
@@ -132,7 +132,7 @@ def test_lora_on_top_layers_keeps_lower_layers_the_base():
     """`--trainable-layers 1 --lora-r 4`: adapters in the top layer only, so the rollout's recorded
     inputs of that layer are the base model's and the frozen-trunk path gives the full forward's numbers."""
     base, tok = load_model("tiny", seed=SEED)
-    model = ppo.make_trainable(base, trainable_layers=1, lora_r=4, lora_alpha=8.0, checkpointing=False)
+    model = train_top_layers(base, trainable_layers=1, lora_r=4, lora_alpha=8.0, checkpointing=False)
     layers_with_adapters = {n.split(".layers.")[1].split(".")[0] for n, p in model.named_parameters() if p.requires_grad}
     assert layers_with_adapters == {"1"}
     for n, p in model.named_parameters():
@@ -156,7 +156,7 @@ def test_gradient_checkpointing_same_loss_and_grads(lora_r):
     models = []
     for ckpt in (False, True):
         torch.manual_seed(0)  # LoRA's A matrices are drawn from the global generator
-        models.append(ppo.make_trainable(load_model("tiny", seed=SEED)[0], 0, lora_r, 8.0, checkpointing=ckpt))
+        models.append(train_top_layers(load_model("tiny", seed=SEED)[0], 0, lora_r, 8.0, checkpointing=ckpt))
     if lora_r:  # non-zero B so the adapters' gradients are not all in A's direction only
         for m in models:
             for n, p in m.named_parameters():
