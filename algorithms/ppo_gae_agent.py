@@ -22,6 +22,7 @@ Usage:
     python algorithms/ppo_gae_agent.py --checkpoint-every 5               # then, after a crash or Ctrl-C:
     python algorithms/ppo_gae_agent.py --resume runs/<run> [--total-iterations 50]
     torchrun --nproc_per_node 2 algorithms/ppo_gae_agent.py --model tiny  # data parallel (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node 8 algorithms/ppo_gae_agent.py --fsdp --model <path>  # layers sharded (FSDP2)
 
 Copying this file out: it needs `common/` (and `envs/` for the built-in environments, or any
 `package.module:Factory` passed as --env-id).
@@ -59,8 +60,8 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, global_loss_denominator, init_distributed, print0, rank_param_divergence,
-                                seed_everything)
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
+                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
 from common.models import (adapter_disabled, autocast, load_model, parameter_counts, resolve_device, save_model,
                            train_top_layers)
 from common.records import Trajectory
@@ -117,6 +118,9 @@ class Args:
     """LoRA scale numerator: the update is (alpha / r) B A"""
     gradient_checkpointing: bool = False
     """recompute layer activations in the backward (less memory, ~30% more compute)"""
+    fsdp: bool = False
+    """torchrun: shard the policy's (and a separate critic's) decoder layers over the ranks (PyTorch FSDP2), gathered
+    whole for rollouts, V_old / reference passes and evaluation (as in grpo_agent.py)"""
     gamma: float = 0.99
     """discount per environment step"""
     gae_lambda: float = 0.95
@@ -194,6 +198,8 @@ def validate_args(args: Args):
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.max_episode_steps < 0 or args.lora_r < 0 or args.checkpoint_every < 0:
         problems.append("--max-episode-steps, --lora-r and --checkpoint-every must be >= 0")
+    if args.fsdp and dist_info()[2] < 2:
+        problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
         raise SystemExit("ppo_gae_agent.py: " + "; ".join(problems))
 
@@ -379,12 +385,14 @@ if __name__ == "__main__":
         ref_model = model if args.lora_r else load_model(args.model, device, dtype, seed=args.seed)[0].requires_grad_(False)
     # everything trained, as one module for the checkpoint (a shared critic is the policy: its parameters count once)
     trained = torch.nn.ModuleDict({"policy": model, "critic": critic, "value_head": value_head})
-    lm_params = [p for n, p in trained.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
-    params = lm_params + list(value_head.parameters())
     if args.world_size > 1:  # start from identical weights on every rank: broadcast, not seeding alone
         for m in {id(x): x for x in (model, critic, ref_model) if x is not None}.values():
             for p in m.parameters():
                 dist.broadcast(p.data, src=0)
+    # FSDP replaces the layers' parameters by their shards (a separate reference copy stays whole)
+    fsdp_layers = [x for lm in {id(m): m for m in (model, critic)}.values() for x in shard_layers(lm)] if args.fsdp else []
+    lm_params = [p for n, p in trained.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
+    params = lm_params + list(value_head.parameters())
     optimizer = torch.optim.AdamW([{"params": lm_params, "lr": args.learning_rate}, {"params": list(
         value_head.parameters()), "lr": args.value_learning_rate}], weight_decay=0.0)  # two groups: LM(s), value head
 
@@ -399,8 +407,8 @@ if __name__ == "__main__":
         max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm), record_layer_inputs=frozen_below)
     level = "turn" if args.action_mode == "choice" else args.gae_level  # choice mode: one unit per turn anyway
 
-    def all_reduce_grads():
-        for p in params if args.world_size > 1 else ():
+    def all_reduce_grads():  # FSDP has already reduce-scattered the sharded layers' gradients
+        for p in (p for p in params if not is_sharded(p)) if args.world_size > 1 else ():
             p.grad = torch.zeros_like(p) if p.grad is None else p.grad  # a rank with nothing to train still joins
             dist.all_reduce(p.grad)
             p.grad /= args.world_size
@@ -417,9 +425,9 @@ if __name__ == "__main__":
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
 
     def run_eval(iteration: int):
-        if args.eval_every > 0 and rank == 0:
-            with autocast(device):
-                m = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed)
+        with gathered(fsdp_layers if args.eval_every > 0 else []), autocast(device):  # FSDP: all gather, rank 0 evaluates
+            m = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed) if args.eval_every and rank == 0 else {}
+        if m:
             tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episodes_seen)
             print0(f"eval @ iter {iteration} | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f}")
 
@@ -430,7 +438,7 @@ if __name__ == "__main__":
         # ---- rollout: one episode per environment seed ----
         t0 = time.time()
         seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_episodes + i for i in range(args.num_episodes)]
-        with autocast(device):  # bf16 on CUDA, nothing on CPU
+        with autocast(device), gathered(fsdp_layers):  # bf16 on CUDA; FSDP: whole weights, rollouts differ in length
             trajs = engine.run([make_env() for _ in seeds], seeds, args.env_id, policy_version=iteration - 1,
                                generator=sample_gen)
         rollout_s, n = time.time() - t0, len(trajs)
@@ -450,7 +458,7 @@ if __name__ == "__main__":
             args.action_mode == "free" and trajs[i].token_ids[-1] == engine.chat.eos_id)) for i in cut}
         next_values = torch.zeros(n)
         fold = trunk_inputs is None  # a full forward anyway: read V(s_T) off the same pass, at the tail's end
-        with torch.no_grad(), autocast(device):
+        with torch.no_grad(), autocast(device), gathered(fsdp_layers):  # FSDP: ranks' `cut` passes differ
             for c in micro(list(range(n))):
                 sub = [replace(trajs[i], token_ids=trajs[i].token_ids + tails[i],
                                source_mask=trajs[i].source_mask + [0] * len(tails[i]))
@@ -467,10 +475,10 @@ if __name__ == "__main__":
                         ref = policy_logprobs(ref, [trajs[i] for i in c], args.action_mode, args.temperature,
                                               args.choice_token_norm, *trunk(c)).logprobs
                     ref_logp[c[0]: c[-1] + 1, : ref.shape[1]] = ref
-        if not fold and cut:  # the frozen trunk's recorded inputs stop at the last action: a full forward
-            with autocast(device):
+        if not fold and (cut or fsdp_layers):  # the frozen trunk's recorded inputs stop at the last action: a full forward
+            with torch.no_grad(), autocast(device), gathered(fsdp_layers):  # FSDP: collective; the ranks' `cut` differ
                 next_values[cut] = final_state_values(critic, value_head, [trajs[i] for i in cut],
-                                                      [tails[i] for i in cut], args.micro_batch_size)
+                                                      [tails[i] for i in cut], args.micro_batch_size) if cut else 0.0
         value_s = time.time() - t1
 
         # ---- GAE per episode (turn level by default), spread to the units of each step; whitening ----
@@ -521,7 +529,7 @@ if __name__ == "__main__":
                     loss.backward()
                     mb_stats = {k: mb_stats.get(k, 0.0) + v for k, v in st.items()}  # each is already / the minibatch counts
                 all_reduce_grads()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
+                grad_norm = clip_grad_norm(params, args.max_grad_norm)  # FSDP: the norm over every rank's slices
                 optimizer.step()
                 stepped = True
                 sums = {k: sums.get(k, 0.0) + v for k, v in mb_stats.items()}
@@ -571,11 +579,12 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
+    whole = [full_tensors(lm.state_dict()) if args.save_model and fsdp_layers else None for lm in (model, critic)]  # FSDP
     if args.save_model and rank == 0:
-        save_model(model, tokenizer, os.path.join(run_dir, "model"))  # with LoRA: only the adapter, and its base's name
+        save_model(model, tokenizer, os.path.join(run_dir, "model"), whole[0])  # with LoRA: the adapter and its base's name
         torch.save(value_head.state_dict(), os.path.join(run_dir, "value_head.pt"))
         if critic is not model:
-            save_model(critic, tokenizer, os.path.join(run_dir, "critic"))
+            save_model(critic, tokenizer, os.path.join(run_dir, "critic"), whole[1])
         print0(f"model saved to {os.path.join(run_dir, 'model')}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()

@@ -13,6 +13,7 @@ import envs
 from common.records import Trajectory, Turn
 from common.rollout import RolloutConfig, RolloutEngine
 from common.tracking import read_scalars
+from tests.distributed_runs import assert_fsdp_matches_data_parallel, only_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("ppo_gae_agent", ROOT / "algorithms" / "ppo_gae_agent.py")
@@ -167,3 +168,27 @@ def test_torchrun_two_ranks_stay_in_sync_with_a_separate_critic(tmp_path):
     scalars = read_scalars(run_dir)
     assert [value for _, value in scalars["diagnostics/rank_param_divergence"]] == [0.0, 0.0]
     assert all(value > 0 for _, value in scalars["diagnostics/grad_norm"])  # and the weights did move
+
+
+def test_fsdp_takes_the_data_parallel_steps_with_a_separate_critic(tmp_path):
+    """torchrun, 2 gloo ranks, separate critic LM, the KL reference, greedy evaluation, the top layer trained over a
+    frozen trunk (so truncated episodes take the extra V(s_T) forward, on whichever rank has them): --fsdp (the
+    policy's and the critic's decoder layers sharded) logs the same losses, gradient norms, returns and evaluation
+    as plain data parallel, and saves the same policy, critic and value head, up to float noise."""
+    flags = ["--model", "tiny", "--critic", "separate", "--trainable-layers", "1", "--total-iterations", "2",
+             "--num-episodes", "2", "--max-episode-steps", "6", "--eval-every", "2", "--eval-episodes", "1",
+             "--learning-rate", "1e-3", "--save-model"]
+    _, expected = assert_fsdp_matches_data_parallel(
+        "ppo_gae_agent.py", tmp_path, flags, ("losses/policy_loss", "losses/value_loss", "losses/kl",
+                                              "diagnostics/grad_norm", "charts/episodic_return",
+                                              "diagnostics/logprob_mismatch", "diagnostics/value_mean",
+                                              "eval/episodic_return"), saved=("model", "critic"), cwd=tmp_path)
+    assert all(v > 0 for _, v in expected["diagnostics/bootstrap_fraction"])  # the V(s_T) forwards ran
+    heads = [torch.load(tmp_path / name / only_run_dir(tmp_path / name).name / "value_head.pt") for name in ("fsdp", "ddp")]
+    for key, value in heads[1].items():
+        torch.testing.assert_close(heads[0][key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_fsdp_needs_torchrun():
+    with pytest.raises(SystemExit, match="--fsdp shards over torchrun processes"):
+        ppo.validate_args(ppo.Args(fsdp=True))

@@ -15,6 +15,7 @@ from common.chat import ChatFormat
 from common.records import Trajectory
 from common.rollout import behavior_units, policy_logprobs
 from common.tracking import read_scalars
+from tests.distributed_runs import assert_fsdp_matches_data_parallel
 from envs.codegen import REWARD_INVALID, CodegenEnv, generate_task
 from envs.sandbox import same_value
 
@@ -303,9 +304,6 @@ def test_fsdp_takes_the_data_parallel_steps(tmp_path):
     collectives with zero-weight passes; without them the run would hang). Same losses, gradient norms, returns,
     evaluation and saved weights, up to float noise."""
     import os
-    import socket
-
-    from safetensors.torch import load_file
 
     (tmp_path / "rank_shaped.py").write_text(RANK_SHAPED_CODEGEN)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
@@ -313,27 +311,12 @@ def test_fsdp_takes_the_data_parallel_steps(tmp_path):
              "--micro-batch-size", "2", "--trainable-layers", "0", "--learning-rate", "1e-2", "--sft-steps", "1",
              "--sft-batch-size", "2", "--resample-budget", "0", "--eval-tasks", "1", "--eval-samples", "2", "--eval-k", "2",
              "--humaneval-tasks", "0", "--total-iterations", "2", "--save-model"]
-    runs = {}
-    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
-        with socket.socket() as s:  # a free port: other tests may run torchrun at the same time
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-               str(ROOT / "algorithms" / "rlef.py"), "--output-dir", str(tmp_path / name), *flags, *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-        (runs[name],) = [p for p in (tmp_path / name).iterdir() if p.is_dir()]
-    got, expected = read_scalars(runs["fsdp"]), read_scalars(runs["ddp"])
-    for tag in ("losses/sft_loss", "losses/policy_loss", "diagnostics/grad_norm", "charts/episodic_return",
-                "diagnostics/logprob_mismatch", "eval/mean_reward"):
-        assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
-        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-6), tag
+    _, expected = assert_fsdp_matches_data_parallel(
+        "rlef.py", tmp_path, flags, ("losses/sft_loss", "losses/policy_loss", "diagnostics/grad_norm",
+                                     "charts/episodic_return", "diagnostics/logprob_mismatch", "eval/mean_reward"),
+        cwd=tmp_path, env=env)
     assert [v for _, v in expected["diagnostics/zero_variance_groups"]] == [0.5, 0.5]  # rank 1's group, dropped
     assert all(v > 0 for _, v in expected["diagnostics/grad_norm"])
-    sharded, whole = (load_file(str(d / "model" / "model.safetensors")) for d in (runs["fsdp"], runs["ddp"]))
-    assert set(sharded) == set(whole)
-    for name, value in whole.items():
-        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5)
 
 
 def test_fsdp_needs_torchrun():

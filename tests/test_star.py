@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import envs
 from common.rollout import RolloutConfig, RolloutEngine
 from common.tracking import read_scalars
+from tests.distributed_runs import assert_fsdp_matches_data_parallel
 from envs.reasoning import ArithmeticEnv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,32 +219,12 @@ def test_fsdp_takes_the_data_parallel_steps(tmp_path):
     different numbers of examples, so under FSDP the one with fewer micro-batches runs zero-weight passes to join the
     sharded collectives (without them the run hangs). Same SFT losses, kept counts, held-out solve rates and saved
     weights, up to float noise."""
-    import socket
-
-    from safetensors.torch import load_file
-
-    runs = {}
-    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
-        with socket.socket() as s:  # a free port: other tests may run torchrun at the same time
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-               str(ROOT / "algorithms" / "star.py"), "--model", "tiny", "--output-dir", str(tmp_path / name),
-               *star.SMOKE_TEST_ARGS, "--num-problems", "8", "--learning-rate", "1e-3", "--micro-batch-size", "1",
-               "--save-model", *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        (runs[name],) = [p for p in (tmp_path / name).iterdir() if p.is_dir()]
-    got, expected = read_scalars(runs["fsdp"]), read_scalars(runs["ddp"])
-    for tag in ("losses/sft_loss", "losses/sft_loss_last", "charts/kept_direct", "charts/success_rate",
-                "eval/success_rate"):
-        assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
-        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-6), tag
+    flags = ["--model", "tiny", *star.SMOKE_TEST_ARGS, "--num-problems", "8", "--learning-rate", "1e-3",
+             "--micro-batch-size", "1", "--save-model"]
+    _, expected = assert_fsdp_matches_data_parallel(
+        "star.py", tmp_path, flags, ("losses/sft_loss", "losses/sft_loss_last", "charts/kept_direct",
+                                     "charts/success_rate", "eval/success_rate"), cwd=tmp_path)
     assert sum(v for _, v in expected["losses/sft_loss"]) > 0
-    sharded, whole = (load_file(str(d / "model" / "model.safetensors")) for d in (runs["fsdp"], runs["ddp"]))
-    assert set(sharded) == set(whole)
-    for name, value in whole.items():
-        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5)
 
 
 def test_fsdp_needs_torchrun():

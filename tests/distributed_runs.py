@@ -1,0 +1,54 @@
+"""Helpers for the tests that launch `torchrun`: one 2-rank run on a free port, and the check that `--fsdp` takes
+the same steps as plain data parallel (same logged numbers, same saved weights)."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.tracking import read_scalars
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def torchrun(script: str, out_dir: Path, *flags: str, nproc: int = 2, **run_kwargs) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node nproc algorithms/<script> --output-dir out_dir *flags`; asserts it exits 0."""
+    with socket.socket() as s:  # a free port: other tests may run torchrun at the same time
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
+           str(ROOT / "algorithms" / script), "--output-dir", str(out_dir), *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **run_kwargs)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def only_run_dir(out_dir: Path) -> Path:
+    (run_dir,) = [p for p in out_dir.iterdir() if p.is_dir()]  # rank 0 alone writes
+    return run_dir
+
+
+def assert_fsdp_matches_data_parallel(script: str, tmp_path: Path, flags: list[str], tags: tuple[str, ...],
+                                      saved: tuple[str, ...] = ("model",), **run_kwargs) -> tuple[dict, dict]:
+    """Runs `script` on 2 ranks without and with `--fsdp` (`flags` must include --save-model); every tag in `tags`
+    must be logged at the same steps with the same values (float noise: rel 1e-4), and each saved model folder in
+    `saved` must hold the same tensors. Returns (fsdp scalars, data-parallel scalars)."""
+    from safetensors.torch import load_file
+
+    dirs = {}
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
+        torchrun(script, tmp_path / name, *flags, *extra, **run_kwargs)
+        dirs[name] = only_run_dir(tmp_path / name)
+    got, expected = read_scalars(dirs["fsdp"]), read_scalars(dirs["ddp"])
+    for tag in tags:
+        assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-6), tag
+    for folder in saved:
+        sharded, whole = (load_file(str(dirs[name] / folder / "model.safetensors")) for name in ("fsdp", "ddp"))
+        assert set(sharded) == set(whole), folder
+        for key, value in whole.items():
+            torch.testing.assert_close(sharded[key], value, rtol=1e-4, atol=1e-5)
+    return got, expected
