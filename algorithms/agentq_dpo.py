@@ -22,6 +22,7 @@ Usage:
     python algorithms/agentq_dpo.py --lora-r 8                             # LoRA adapters; reference = adapters off
     python algorithms/agentq_dpo.py --device cuda                          # one GPU
     torchrun --nproc_per_node 2 algorithms/agentq_dpo.py --model tiny     # data parallel: each rank searches its trees
+    torchrun --nproc_per_node 8 algorithms/agentq_dpo.py --fsdp --model <path>  # layers sharded over the ranks (FSDP2)
     python algorithms/agentq_dpo.py --checkpoint-every 1                   # then, after a crash or Ctrl-C:
     python algorithms/agentq_dpo.py --resume runs/<run> --total-iterations 5  # continue (and extend) that run
 
@@ -39,7 +40,7 @@ Where this departs from the paper / seed:
   normaliser cancels in a step pair's log-ratio difference.
 - Under torchrun each rank searches a contiguous block of the --num-tasks trees (batched: one simulation
   per tree in lockstep, one KV cache) and all ranks then train on every rank's pairs: pair j is rank
-  j mod N's, and the ranks' gradients on their pairs of a minibatch are summed (2 ranks == 1 process).
+  j mod N's, and the ranks' gradients on their pairs of a minibatch add up (2 ranks == 1 process).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ import tyro
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import dist_info, init_distributed, print0, rank_param_divergence, seed_everything
+from common.distributed import (clip_grad_norm, dist_info, full_tensors, gather_lists, gathered, init_distributed,
+                                is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
 from common.models import adapter_disabled, load_model, resolve_device, save_model, train_top_layers
 from common.records import ChoiceStep, Trajectory
 from common.rollout import KVBatch, RolloutConfig, RolloutEngine, policy_logprobs, sample_from_logits, score_candidates
@@ -141,6 +143,9 @@ class Args:
     """LoRA scale numerator: the update is (alpha / r) B A"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
+    fsdp: bool = False
+    """torchrun: shard the decoder layers over the ranks (PyTorch FSDP2), gathered whole for the search, the reference
+    pass and evaluation (as in grpo_agent.py)"""
     eval_episodes: int = 4
     """greedy episodes on held-out seeds before training and after every iteration; 0 disables"""
 
@@ -177,6 +182,8 @@ def validate_args(args: Args):
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
     if args.num_tasks % dist_info()[2]:  # torchrun: each rank searches an equal block of the trees
         problems.append(f"--num-tasks {args.num_tasks} must be divisible by the {dist_info()[2]} processes")
+    if args.fsdp and dist_info()[2] < 2:
+        problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
         raise SystemExit("agentq_dpo.py: " + "; ".join(problems))
 
@@ -408,15 +415,6 @@ def pair_logprobs(model, pairs: list[Pair], mode: str, token_norm: bool) -> torc
     return torch.stack(out)
 
 
-def gather_lists(local: dict[str, list], world: int) -> dict[str, list]:
-    """torchrun: each list of the ranks' dicts concatenated in rank order, on every rank (one process: as is)."""
-    if world == 1:
-        return local
-    parts = [None] * world
-    dist.all_gather_object(parts, local)
-    return {k: [x for part in parts for x in part[k]] for k in local}
-
-
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "agentq_dpo.py")
     validate_args(args)
@@ -447,10 +445,11 @@ if __name__ == "__main__":
     model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     # the top --trainable-layers layers and the final norm, or LoRA adapters on them (base frozen, B = 0: starts as the base)
     model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha)
-    params = [p for p in model.parameters() if p.requires_grad]
     if world > 1:  # identical starting weights on every rank (LoRA's init draws random numbers)
-        for p in params:
+        for p in (p for p in model.parameters() if p.requires_grad):
             dist.broadcast(p.data, src=0)
+    fsdp_layers = shard_layers(model) if args.fsdp else []  # (FSDP replaces the layers' parameters by their shards)
+    params = [p for p in model.parameters() if p.requires_grad]
     # the frozen initial policy of eq. 12.10; with LoRA, the policy with its adapters off (no second copy)
     ref_model = model if args.lora_r else load_model(args.model, device, dtype, seed=args.seed)[0].requires_grad_(False)
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
@@ -474,7 +473,8 @@ if __name__ == "__main__":
         """Greedy episodes (temperature 0, no RNG drawn) on seeds disjoint from the search's task seeds."""
         if args.eval_episodes > 0:
             seeds = [(1 << 40) + args.seed * 1000 + i for i in range(args.eval_episodes)][rank::world]  # torchrun: shares
-            trajs = engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id) if seeds else []
+            with gathered(fsdp_layers):  # FSDP: whole weights, as the ranks' shares differ
+                trajs = engine.run([envs.make(args.env_id) for _ in seeds], seeds, args.env_id) if seeds else []
             got = gather_lists({"success_rate": [t.success for t in trajs], "episodic_return": [t.return_ for t in trajs],
                                 "episode_length": [t.num_steps for t in trajs]}, world)
             metrics = {k: float(np.mean(v)) for k, v in got.items()}
@@ -491,7 +491,8 @@ if __name__ == "__main__":
         t0 = time.time()
         block = args.num_tasks // world  # torchrun: this rank's contiguous block of the iteration's tasks
         seeds = [(args.seed * 100_000 + iteration) * 1_000 + i for i in range(rank * block, (rank + 1) * block)]
-        roots, sims, tokens = search(model, chat, [envs.make(args.env_id) for _ in seeds], seeds, args, mode, gen)
+        with gathered(fsdp_layers):  # FSDP: whole weights, as the ranks' trees differ
+            roots, sims, tokens = search(model, chat, [envs.make(args.env_id) for _ in seeds], seeds, args, mode, gen)
         search_s = time.time() - t0
 
         # ---- preference pairs (step-level by default; eq. 12.9 by flag), then every rank's, on every rank ----
@@ -513,7 +514,8 @@ if __name__ == "__main__":
         stats = {"chosen": [], "rejected": [], "grad_norm": []}
         if pairs:
             own, ref = list(range(rank, len(pairs), world)), torch.zeros(len(pairs), 2, device=device)  # torchrun: a share
-            with torch.no_grad(), adapter_disabled(ref_model) as reference:  # reference log-probs: once per iteration
+            with torch.no_grad(), adapter_disabled(ref_model) as reference, \
+                    gathered(fsdp_layers if reference is model else []):  # reference log-probs: once per iteration
                 for i in range(0, len(own), size):
                     ref[own[i:i + size]] = pair_logprobs(reference, [pairs[j] for j in own[i:i + size]], mode,
                                                          args.choice_token_norm)
@@ -528,12 +530,16 @@ if __name__ == "__main__":
                     if mine:
                         logp = pair_logprobs(model, [pairs[j] for j in mine], mode, args.choice_token_norm)
                         loss, chosen_r, rejected_r = dpo_loss(logp[:, 0], logp[:, 1], ref[mine, 0], ref[mine, 1], args.beta)
-                        (loss * len(mine) / len(idx)).backward()  # summed over ranks: the minibatch's mean loss
+                        # x world, then averaged over ranks (FSDP's reduce-scatter averages): the minibatch's mean loss
+                        (loss * len(mine) / len(idx) * world).backward()
+                    elif fsdp_layers:  # a sharded layer's forward/backward is collective: a zero-weight pass joins it
+                        (pair_logprobs(model, [pairs[idx[0]]], mode, args.choice_token_norm).sum() * 0).backward()
                     if world > 1:
-                        for p in params:
+                        for p in (p for p in params if not is_sharded(p)):
                             p.grad = torch.zeros_like(p) if p.grad is None else p.grad
                             dist.all_reduce(p.grad)
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item()
+                            p.grad /= world
+                    grad_norm = clip_grad_norm(params, args.max_grad_norm)  # FSDP: the norm over every rank's slices
                     optimizer.step()
                     if epoch == 0 and mine:  # the first pass: every pair scored once, by the weights of this iteration
                         stats["chosen"] += chosen_r.tolist()
@@ -580,9 +586,10 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
+    weights = full_tensors(model.state_dict()) if args.save_model and fsdp_layers else None  # FSDP: collective
     if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
-        save_model(model, tokenizer, path)  # with LoRA: the adapter only (+ the record of its base)
+        save_model(model, tokenizer, path, weights)  # with LoRA: the adapter only (+ the record of its base)
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()

@@ -60,6 +60,16 @@ def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
     return {k: v * dist.get_world_size() for k, v in all_reduce_mean(values).items()}
 
 
+def gather_lists(local: dict[str, list], world: int) -> dict[str, list]:
+    """Each list of the ranks' dicts concatenated in rank order, on every rank (one process: as is). The lists may
+    hold any picklable objects (preference pairs, per-episode numbers)."""
+    if world == 1:
+        return local
+    parts = [None] * world
+    dist.all_gather_object(parts, local)
+    return {k: [x for part in parts for x in part[k]] for k in local}
+
+
 def global_loss_denominator(local_count: float) -> float:
     """The denominator that makes averaged gradients equal one process's gradient on the whole batch.
 
