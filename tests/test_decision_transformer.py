@@ -332,3 +332,8 @@ def test_torchrun_two_ranks_equal_one_process_and_stay_in_sync(tmp_path, resume,
     for name, value in weights[1].items():
         torch.testing.assert_close(weights[0][name], value, rtol=1e-4, atol=1e-5)
     assert all(v > 0 for _, v in got["diagnostics/grad_norm"])
+
+
+def test_fsdp_needs_torchrun():
+    with pytest.raises(SystemExit, match="--fsdp shards over torchrun processes"):
+        dt.validate_args(dt.Args(fsdp=True))
