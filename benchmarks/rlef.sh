@@ -38,7 +38,10 @@ if [ -n "${RUN_LONG:-}" ]; then
 fi
 
 # HumanEval before and after training (RUN_HUMANEVAL=1 bash benchmarks/rlef.sh): the longer run's training, with 8
-# held-out tasks and the first 32 HumanEval problems (2 samples each at T = 0.8, <= 128 tokens) at iterations 0/15/30
+# held-out tasks and the first 32 HumanEval problems (2 samples each at T = 0.8, <= 128 tokens) at iterations 0/15/30.
+# Published (benchmarks/results/rlef_codegen.md; stopped at iteration 18, so iterations 0 and 15 only): HumanEval
+# pass@1 0.000 -> 0.016, pass@2 0.000 -> 0.031, mean pass fraction 0.002 -> 0.042; held-out pass@1 0.000 -> 0.000,
+# mean pass fraction 0.008 -> 0.070; 89.8 s per iteration (decode 90%), load 2-4.
 if [ -n "${RUN_HUMANEVAL:-}" ]; then
   OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 30 --group-size 4 --resample-budget 0 \
       --max-turn-tokens 128 --eval-tasks 8 --eval-samples 2 --eval-k 2 --humaneval-tasks 32 --eval-every 15 \
