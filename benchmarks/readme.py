@@ -37,6 +37,8 @@ class Args:
     benchmarks/results/test_suite.json, then regenerate"""
     tested_commit: str = ""
     """with --record-tests: the commit the log's run tested (default: this checkout's HEAD)"""
+    load: str = "otherwise idle"
+    """with --record-tests: what else ran on the machine during the run (it changes the time, not the counts)"""
     readme: str = str(ROOT / "README.md")
     """the file whose generated blocks are rewritten"""
 
@@ -221,7 +223,7 @@ def tests_block() -> str:
             f"{r['seconds'] / 60:.0f} min of tests. Tests marked slow run with `python -m pytest -m slow`.")
 
 
-def record_tests(log: str, commit: str = "") -> None:
+def record_tests(log: str, commit: str = "", load: str = "otherwise idle") -> None:
     """Store the summary line of a `.ci/run` log: counts, seconds, commit, date, machine."""
     tail = Path(log).read_text().strip().splitlines()
     m = next((re.search(r"(\d+) passed(?:, (\d+) skipped)?.* in ([\d.]+)s", line) for line in reversed(tail)
@@ -231,7 +233,7 @@ def record_tests(log: str, commit: str = "") -> None:
     commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     (RESULTS / "test_suite.json").write_text(json.dumps({
         "passed": int(m.group(1)), "skipped": int(m.group(2) or 0), "seconds": float(m.group(3)), "commit": commit,
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, otherwise idle"}, indent=1) + "\n")
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, {load}"}, indent=1) + "\n")
 
 
 BLOCKS = {"main-job": main_job, "three-way": three_way, "three-way-procedural": three_way_procedural,
@@ -251,7 +253,7 @@ def render(readme: str) -> str:
 if __name__ == "__main__":
     args = tyro.cli(Args)
     if args.record_tests:
-        record_tests(args.record_tests, args.tested_commit)
+        record_tests(args.record_tests, args.tested_commit, args.load)
     current = Path(args.readme).read_text()
     fresh = render(current)
     if args.check:
