@@ -1,4 +1,4 @@
-"""Helpers for the tests that launch `torchrun`: one 2-rank run on a free port, and the check that `--fsdp` takes
+"""Helpers for the tests that launch `torchrun`: a 2-rank command on a free port, and the check that `--fsdp` takes
 the same steps as plain data parallel (same logged numbers, same saved weights)."""
 
 import socket
@@ -14,16 +14,13 @@ from common.tracking import read_scalars
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def torchrun(script: str, out_dir: Path, *flags: str, nproc: int = 2, **run_kwargs) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node nproc algorithms/<script> --output-dir out_dir *flags`; asserts it exits 0."""
+def torchrun_command(script: str, out_dir: Path, *flags: str, nproc: int = 2) -> list[str]:
+    """`torchrun --nproc_per_node nproc algorithms/<script> --output-dir out_dir *flags`, on a free port."""
     with socket.socket() as s:  # a free port: other tests may run torchrun at the same time
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
-           str(ROOT / "algorithms" / script), "--output-dir", str(out_dir), *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **run_kwargs)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
+            str(ROOT / "algorithms" / script), "--output-dir", str(out_dir), *flags]
 
 
 def only_run_dir(out_dir: Path) -> Path:
@@ -38,9 +35,14 @@ def assert_fsdp_matches_data_parallel(script: str, tmp_path: Path, flags: list[s
     `saved` must hold the same tensors. Returns (fsdp scalars, data-parallel scalars)."""
     from safetensors.torch import load_file
 
+    # both runs at once (torchrun gives each rank 1 thread): start-up is mostly importing torch, so this halves the wait
+    procs = {name: subprocess.Popen(torchrun_command(script, tmp_path / name, *flags, *extra), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, **run_kwargs)
+             for name, extra in (("ddp", []), ("fsdp", ["--fsdp"]))}
     dirs = {}
-    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
-        torchrun(script, tmp_path / name, *flags, *extra, **run_kwargs)
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{name}: " + out[-2000:] + err[-4000:]
         dirs[name] = only_run_dir(tmp_path / name)
     got, expected = read_scalars(dirs["fsdp"]), read_scalars(dirs["ddp"])
     for tag in tags:
