@@ -92,7 +92,7 @@ def random_policy_episodes(args: Args, env_kwargs: dict):
     return returns, successes, lengths, near_optimal
 
 
-def near_optimal(row: dict) -> str:
+def near_optimal_cell(row: dict) -> str:
     """The share as a percentage with enough digits for rare events (0.055%), blank when not measured."""
     rate = row.get("near_optimal_rate")
     return "" if rate is None else f"{100 * rate:.3g}%"
@@ -109,12 +109,12 @@ def markdown_table(path: str) -> str:
         tokens_per_s = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else ""  # blank: no LM (`--model random`)
         lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
                      f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
-                     f"{near_optimal(r)} | {r['episode_length']:.1f} | {tokens_per_s} | {load} | {r['commit']} |")
+                     f"{near_optimal_cell(r)} | {r['episode_length']:.1f} | {tokens_per_s} | {load} | {r['commit']} |")
     machines = sorted({r["machine"] for r in rows})
     model = rows[0]["settings"]["model"]
     policy = ("A uniformly random action name every step (`--model random`, no LM)" if model == "random" else
               f"Model `{model}` zero-shot, temperature {rows[0]['settings']['temperature']}")
-    return "\n".join([f"{policy}; near-optimal: share of episodes with a return of at least {NEAR_OPTIMAL:.0%} of the "
+    return "\n".join([f"{policy}; near-optimal: share of episodes with a return within {1 - NEAR_OPTIMAL:.0%} of the "
                       f"optimum (blank: the env does not know its optimum); machine: {'; '.join(machines)}. A load average above "
                       "the 2 cores means other jobs shared the CPU (tokens/s is then lower than on an idle machine).", "",
                       *lines, "", "Reproduce: `bash benchmarks/zero_shot.sh`", ""]) if rows else "no results\n"
