@@ -31,6 +31,7 @@ Usage:
     python algorithms/cql.py --train-backbone --device cuda         # fine-tune the LM too (one forward per batch)
     python algorithms/cql.py --train-backbone --lora-r 16 --device cuda   # ... or LoRA adapters on it
     torchrun --nproc_per_node 2 algorithms/cql.py --model tiny --total-updates 50 --dataset-episodes 8  # data parallel
+    torchrun --nproc_per_node 8 algorithms/cql.py --train-backbone --fsdp --model <path>   # LM layers sharded (FSDP2)
     python algorithms/cql.py --checkpoint-every 500                 # then, after a crash or Ctrl-C:
     python algorithms/cql.py --resume runs/<run> [--total-updates 6000]
 
@@ -73,10 +74,11 @@ from torch import nn
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import all_reduce_mean, dist_info, init_distributed, print0, rank_param_divergence, seed_everything
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, init_distributed,
+                                is_sharded, print0, rank_param_divergence, seed_everything, shard_layers, shard_like)
 from common.models import apply_lora, load_model, resolve_device, save_model
-from common.offline import (FeatureCache, collect, dataset_stats, filter_demonstrations, load_dataset, transitions,
-                            write_dataset)
+from common.offline import (FeatureCache, collect, dataset_stats, encode_states, filter_demonstrations, load_dataset,
+                            transitions, write_dataset)
 from common.records import Trajectory, Turn
 from common.tracking import Tracker, make_run_name
 
@@ -123,6 +125,9 @@ class Args:
     """with --train-backbone: LoRA rank (peft) on the LM's attention/MLP projections, base frozen; 0: train the weights"""
     lora_alpha: float = 16.0
     """LoRA scale numerator: the update is (alpha / r) B A"""
+    fsdp: bool = False
+    """torchrun, with --train-backbone: shard the LM's decoder layers and the target LM's alike over the ranks (PyTorch
+    FSDP2: weights, gradients and Adam state), so the Polyak update is shard by shard; whole for evaluation"""
     head: Literal["mlp", "linear"] = "mlp"
     """the Q head on the LM's final hidden state"""
     head_hidden: int = 256
@@ -197,8 +202,10 @@ def validate_args(args: Args):
         problems.append("--filter-max-repeat-fraction must be in [0, 1)")
     if args.dataset and not os.path.exists(args.dataset):
         problems.append(f"--dataset {args.dataset} does not exist")
-    if args.lora_r > 0 and not args.train_backbone:
-        problems.append("--lora-r needs --train-backbone (the frozen LM has nothing to adapt)")
+    if (args.lora_r > 0 or args.fsdp) and not args.train_backbone:
+        problems.append("--lora-r and --fsdp need --train-backbone (the frozen LM has nothing to adapt or shard)")
+    if args.fsdp and dist_info()[2] < 2:
+        problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if args.minibatch_size % dist_info()[2]:  # torchrun: equal slices of the global minibatch
         problems.append(f"--minibatch-size {args.minibatch_size} must be divisible by the {dist_info()[2]} processes")
     if problems:
@@ -243,33 +250,6 @@ def state_ids(chat: ChatFormat, system: str, texts: tuple[str, ...]) -> list[int
     for action, obs in zip(texts[1::2], texts[2::2]):
         ids += chat.encode(action) + chat.next_turn_ids(obs, action_ended_with_eos=False)
     return ids
-
-
-def encode_states(body, ids_list: list[list[int]], pad_id: int, device) -> torch.Tensor:
-    """Final hidden state at the last position of each sequence, [B, H]. The batch's common prefix (the
-    system prompt) is run once and its KV cache repeated: most of a state's tokens are that prefix."""
-    from transformers import DynamicCache
-
-    n = min(len(ids) for ids in ids_list)
-    p = 0
-    while p < n - 1 and all(ids[p] == ids_list[0][p] for ids in ids_list):
-        p += 1
-    cache, prefix_mask = DynamicCache(), torch.ones((1, p), dtype=torch.long, device=device)
-    if p:
-        body(input_ids=torch.tensor([ids_list[0][:p]], device=device), attention_mask=prefix_mask,
-             past_key_values=cache, use_cache=True)
-        cache.batch_repeat_interleave(len(ids_list))
-    width = max(len(ids) for ids in ids_list) - p
-    ids = torch.full((len(ids_list), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids_list), width), dtype=torch.long)
-    for row, full in enumerate(ids_list):  # left-padded suffixes: position -1 is every row's last token
-        ids[row, width - len(full) + p:] = torch.tensor(full[p:])
-        mask[row, width - len(full) + p:] = 1
-    attn = torch.cat([prefix_mask.expand(len(ids_list), p), mask.to(device)], 1)
-    pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
-    out = body(input_ids=ids.to(device), attention_mask=attn, position_ids=pos, past_key_values=cache if p else None,
-               use_cache=bool(p)).last_hidden_state
-    return out[:, -1].float()
 
 
 class QHead(nn.Module):
@@ -381,10 +361,13 @@ if __name__ == "__main__":
     if args.train_backbone:
         body.train()
         target_body = copy.deepcopy(body).requires_grad_(False).eval()
+        # FSDP: both LMs' layers sharded the same way, so t.lerp_(o) pairs up matching slices
+        fsdp_layers, target_layers = (shard_layers(body), shard_layers(target_body)) if args.fsdp else ([], [])
         params = [{"params": head.parameters(), "lr": args.learning_rate},
                   {"params": [p for p in body.parameters() if p.requires_grad], "lr": args.backbone_learning_rate}]
     else:
         body.requires_grad_(False)
+        fsdp_layers, target_layers = [], []
         params = [{"params": head.parameters(), "lr": args.learning_rate}]
     optimizer = torch.optim.Adam(params)
     trainable = [p for g in optimizer.param_groups for p in g["params"]]
@@ -440,16 +423,21 @@ if __name__ == "__main__":
         tracker.scalars({"perf/encode_s": encode_s}, 0)
     eval_cache: dict[tuple[str, ...], torch.Tensor] = dict(zip(state_index, features)) if features is not None else {}
 
-    def q_values(idx: torch.Tensor, hd=head, bd=None) -> torch.Tensor:
+    def q_values(idx: torch.Tensor, hd=head, bd=None, one_forward=False) -> torch.Tensor:
         if features is not None:
             return hd(features[idx])
+        if one_forward:  # FSDP2 runs one forward of each sharded layer per backward: no shared prefix, no chunks
+            return hd(encode_states(body, [all_ids[i] for i in idx.tolist()], pad_id, device, share_prefix=False))
         return hd(encode([all_ids[i] for i in idx.tolist()], body if bd is None else bd))
 
     def evaluate(step: int) -> None:
         """Greedy episodes (argmax_a Q) in lockstep, online in the environment, on fresh seeds (rank 0 only: the
-        other ranks go on to the next update's all-reduce and wait there)."""
-        if rank != 0:
-            return
+        other ranks go on to the next update's all-reduce and wait there; under FSDP first to the gathering)."""
+        with gathered(fsdp_layers):  # FSDP: whole weights (collective), then rank 0 alone plays
+            if rank == 0:
+                play_greedy(step)
+
+    def play_greedy(step: int) -> None:
         t_eval = time.time()
         env_list = [envs.make(args.env_id, **env_kwargs) for _ in range(args.eval_episodes)]
         seeds = [(1 << 40) + args.seed * 1000 + i for i in range(args.eval_episodes)]
@@ -497,7 +485,10 @@ if __name__ == "__main__":
         ckpt.restore(resumed, trained, optimizer, generators={"minibatch": gen})
         target_head.load_state_dict(resumed["extra"]["target_head"])
         if args.train_backbone:
-            target_body.load_state_dict(resumed["extra"]["target_body"], strict=False)
+            target_params = dict(target_body.named_parameters())  # FSDP: keep this rank's slice of each
+            with torch.no_grad():
+                for n, v in resumed["extra"]["target_body"].items():
+                    target_params[n].copy_(shard_like(v, target_params[n]) if is_sharded(target_params[n]) else v)
         sums, first_update = resumed["extra"]["log_sums"], resumed["counters"]["iteration"] + 1
         print0(f"resumed from {run_dir} at update {first_update - 1}")
     elif args.eval_every and args.eval_episodes:
@@ -508,31 +499,33 @@ if __name__ == "__main__":
         batch = torch.randint(len(s_idx), (args.minibatch_size,), generator=gen)  # the same on every rank
         batch = batch.view(world, -1)[rank].to(device)  # torchrun: this rank's disjoint slice of it
         s, a = S[batch], A[batch]
-        q = q_values(s)
         if args.mode == "cql":
-            with torch.no_grad():
+            with torch.no_grad():  # before q's forward: under FSDP no other forward may run between it and its backward
                 q_next_online = q_values(S2[batch])
                 q_next_target = q_values(S2[batch], target_head, target_body if args.train_backbone else None)
                 y = td_target(q_next_online, q_next_target, R[batch], D[batch], args.gamma)
+            q = q_values(s, one_forward=args.fsdp)
             loss, td, reg = cql_loss(q, a, y, args.cql_alpha)
             logs = {"losses/td_loss": td.item(), "losses/cql_regulariser": reg.item(), "diagnostics/td_target": y.mean().item()}
         else:
+            q = q_values(s, one_forward=args.fsdp)
             loss = bc_loss(q, a)
             logs = {"losses/bc_loss": loss.item()}
         optimizer.zero_grad()
         loss.backward()
         if world > 1:  # equal slices: each rank's mean is its sum / (B / world), the global denominator, and the
             for p in trainable:  # average of the ranks' gradients is one process's gradient on the whole minibatch
-                dist.all_reduce(p.grad)
-                p.grad /= world
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
+                if not is_sharded(p):  # FSDP reduce-scattered (averaged) the sharded ones in the backward
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+        grad_norm = clip_grad_norm(trainable, args.max_grad_norm)
         optimizer.step()
         if args.mode == "cql" and update % args.target_update_every == 0:
             soft_update(target_head, head, args.tau)
             if args.train_backbone:
                 soft_update(target_body, body, args.tau)
         with torch.no_grad():
-            logs.update({"losses/loss": loss.item(), "diagnostics/grad_norm": grad_norm.item(),
+            logs.update({"losses/loss": loss.item(), "diagnostics/grad_norm": grad_norm,
                          "diagnostics/q_data": q.gather(-1, a[:, None]).mean().item(),
                          "diagnostics/q_logsumexp": torch.logsumexp(q, -1).mean().item(),
                          "diagnostics/action_agreement": (q.argmax(-1) == a).float().mean().item()})
@@ -556,8 +549,9 @@ if __name__ == "__main__":
         stop = interrupt.should_stop()
         if ckpt.due(update, last=update == args.total_updates) or stop:
             trained_names = {n for n, p in body.named_parameters() if p.requires_grad}  # the target LM: that part
-            target_lm = {n: p.detach().cpu().clone() for n, p in target_body.named_parameters()
-                         if n in trained_names} if args.train_backbone else {}
+            with gathered(target_layers):  # FSDP: whole tensors
+                target_lm = {n: p.detach().cpu().clone() for n, p in target_body.named_parameters()
+                             if n in trained_names} if args.train_backbone else {}
             sums = all_reduce_mean(sums) if sums else sums  # the ranks' log windows as one (the logged means agree)
             ckpt.save({"iteration": update}, trained, optimizer, generators={"minibatch": gen}, tracker=tracker,
                       extra={"target_head": target_head.state_dict(), "target_body": target_lm, "log_sums": dict(sums)})
@@ -568,9 +562,10 @@ if __name__ == "__main__":
             raise SystemExit(130)
     interrupt.stop()
 
+    weights = full_tensors(model.state_dict()) if args.save_model and fsdp_layers else None  # FSDP: collective
     if args.save_model and rank == 0:
         path = os.path.join(run_dir, "model")
-        save_model(model, tokenizer, path)  # with LoRA: the adapter only
+        save_model(model, tokenizer, path, weights)  # with LoRA: the adapter only
         torch.save(head.state_dict(), os.path.join(path, "q_head.pt"))
         with open(os.path.join(path, "q_head.json"), "w") as f:  # how to rebuild the head and its state text
             json.dump({"head": args.head, "head_hidden": args.head_hidden, "action_names": action_names,

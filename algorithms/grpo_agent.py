@@ -32,13 +32,13 @@ Where this departs from the paper / seed:
   the recomputed-vs-recorded gap is logged as diagnostics/logprob_mismatch). With `--rollout-backend vllm` pi_old is
   vLLM's (other kernels, bf16): diagnostics/logprob_mismatch_mean and first_epoch_* show the gap.
 - Clipping is asymmetric by flag (eps_low / eps_high, the "clip-higher" of DAPO); the default is symmetric.
+- `--novelty-coef c` (off by default) adds a count-based novelty bonus to the advantage; not in GRPO.
 - `--loss-agg token-mean` (default) divides by the batch's policy-unit count, `sequence-mean` averages
   per-episode means, as in the original GRPO.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import sys
@@ -57,6 +57,8 @@ import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
                                 init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
+from common.exploration import NoveltyBonus
+from common.memory import cap_mmap_threshold
 from common.models import adapter_disabled, autocast, load_model, resolve_device, save_model, train_top_layers
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
@@ -130,7 +132,10 @@ class Args:
     loss_agg: Literal["token-mean", "sequence-mean"] = "token-mean"
     """how policy-unit losses are averaged"""
     filter_zero_variance: bool = True
-    """drop groups whose returns are all equal (no learning signal) from the loss"""
+    """drop groups whose returns (and novelty bonuses) are all equal (no learning signal) from the loss"""
+    novelty_coef: float = 0.0
+    """count-based exploration: add coef * sum of 1/sqrt(visits) over the episode's distinct states to its advantage,
+    centred in its group but not whitened (common/exploration.py; see docs, "Exploration"); 0: plain GRPO"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
     temperature: float = 2.0
@@ -193,6 +198,8 @@ def validate_args(args: Args):
         problems.append("--group-size must be >= 2: a group of one has no variance to normalise by")
     if not 0 <= args.clip_eps_low < 1 or args.clip_eps_high < 0:
         problems.append("--clip-eps-low must be in [0, 1) and --clip-eps-high >= 0")
+    if args.novelty_coef < 0:
+        problems.append("--novelty-coef must be >= 0 (0: no exploration bonus)")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.rollout_backend == "vllm" and args.action_mode != "free":
@@ -202,23 +209,6 @@ def validate_args(args: Args):
         problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
         raise SystemExit("grpo_agent.py: " + "; ".join(problems))
-
-
-def cap_mmap_threshold(kib: int) -> bool:
-    """Fix glibc's mmap threshold at `kib` KiB; True if set (glibc), False elsewhere or for 0.
-
-    By default glibc raises the threshold to the size of each mmap-ed block freed (up to 32 MiB), so from
-    the first freed activation on, every buffer under 32 MiB comes from the heap. A forward/backward frees
-    and allocates buffers of many sizes; the holes it leaves cannot be handed back to the OS, and peak
-    RSS grows to 1.5-3x the memory in use (benchmarks/results/memory.md). A fixed threshold (which also
-    fixes the trim threshold) gives every large tensor its own mapping, unmapped when it is freed.
-    """
-    if kib <= 0 or not sys.platform.startswith("linux"):
-        return False
-    try:
-        return ctypes.CDLL(None).mallopt(-3, kib * 1024) == 1  # -3: M_MMAP_THRESHOLD (malloc.h)
-    except (OSError, AttributeError):  # not glibc (musl has no effect; other libcs may lack mallopt)
-        return False
 
 
 def group_advantages(returns: torch.Tensor, eps: float) -> torch.Tensor:
@@ -411,10 +401,13 @@ if __name__ == "__main__":
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     episodes_seen, generated_tokens, first_iteration, start = 0, 0, 1, time.time()
     generators = {"sample": sample_gen, "python": py_rng}
+    novelty = NoveltyBonus(args.novelty_coef) if args.novelty_coef > 0 else None  # visit counts are per rank
     if resumed:  # weights, optimizer, every RNG and the counters, as they were after the checkpoint's iteration
         ckpt.restore(resumed, model, optimizer, generators=generators)
         episodes_seen, generated_tokens = resumed["counters"]["episodes_seen"], resumed["counters"]["generated_tokens"]
         first_iteration = resumed["counters"]["iteration"] + 1
+        if novelty is not None:
+            novelty.load_state_dict(resumed["extra"]["novelty"])
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
         if vllm_gen is not None:
             sync_weights(model, vllm_gen, version=first_iteration - 1)
@@ -443,8 +436,12 @@ if __name__ == "__main__":
 
         # ---- advantages (eq. 12.18) and zero-variance filtering ----
         returns = torch.tensor([t.return_ for t in trajs], dtype=torch.float32).view(args.num_groups, args.group_size)
-        advantages = group_advantages(returns, args.adv_eps).flatten()
-        zero_var = (returns.std(dim=1, unbiased=False) < 1e-8).repeat_interleave(args.group_size)
+        advantages, spread = group_advantages(returns, args.adv_eps).flatten(), returns.std(dim=1, unbiased=False)
+        if novelty is not None:  # not whitened with the return: a small bonus stays small next to it
+            bonus = torch.tensor(novelty(trajs), dtype=torch.float32).view(args.num_groups, args.group_size)
+            advantages = advantages + (bonus - bonus.mean(dim=1, keepdim=True)).flatten()
+            spread = spread + bonus.std(dim=1, unbiased=False)
+        zero_var = (spread < 1e-8).repeat_interleave(args.group_size)
         keep = [i for i in range(len(trajs)) if not (args.filter_zero_variance and zero_var[i])]
         train_trajs, train_adv = [trajs[i] for i in keep], advantages[keep].to(device)
         train_inputs = [engine.layer_inputs[i] for i in keep] if frozen_below is not None else None
@@ -553,6 +550,8 @@ if __name__ == "__main__":
         }
         if args.world_size > 1:  # every rank applied the same averaged update: their weights must agree exactly
             scalars["diagnostics/rank_param_divergence"] = rank_param_divergence(params)
+        if novelty is not None:  # the bonus is not in charts/episodic_return, which stays the environment's alone
+            scalars.update({"diagnostics/novelty_bonus": float(bonus.mean()), "diagnostics/distinct_states": len(novelty.counts)})
         scalars = all_reduce_mean(scalars)
         generated_tokens += round(scalars["perf/iteration_generated_tokens"] * args.world_size)
         scalars["perf/generated_tokens"] = generated_tokens  # cumulative, all ranks: the x-axis of benchmarks/plot.py
@@ -570,7 +569,8 @@ if __name__ == "__main__":
         stop = interrupt.should_stop()  # agreed across ranks
         if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:
             ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen, "generated_tokens": generated_tokens},
-                      model, optimizer, generators=generators, tracker=tracker)
+                      model, optimizer, generators=generators, tracker=tracker,
+                      extra={"novelty": novelty.state_dict()} if novelty is not None else None)
             print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
         if stop:
             print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")

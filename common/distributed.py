@@ -115,8 +115,8 @@ def shard_layers(model) -> list:
     from torch.distributed.fsdp import fully_shard
 
     layers = list(model.get_decoder().layers)
-    for layer in layers:
-        fully_shard(layer)
+    for layer in layers:  # explicit: FSDP2's default (None) keeps a root module's weights whole after its forward, and
+        fully_shard(layer, reshard_after_forward=True)  # with the model itself unsharded every layer is a root
     return layers
 
 

@@ -27,7 +27,8 @@ targets bootstrap there (Pardo et al. 2018, "Time limits in reinforcement learni
 The demonstration filter of seed 003 §4 is `common.records.TrajectoryBuffer.filter_demonstrations`;
 `filter_demonstrations` below applies it with a state key that ignores step counters (see there).
 
-`FeatureCache` keeps a frozen encoder's state features on disk, keyed by the encoder's weights and the
+`encode_states` turns token sequences into an LM's final hidden states at their last position (the batch's
+shared prefix run once); `FeatureCache` keeps a frozen encoder's state features on disk, keyed by the encoder's weights and the
 state's token ids, so runs on the same data (other seeds, other modes) skip the LM forwards.
 """
 
@@ -263,6 +264,34 @@ def filter_demonstrations(trajs: list[Trajectory], max_repeat_fraction: float = 
     buf = TrajectoryBuffer()
     buf.extend(keyed)
     return [trajs[k.extra["index"]] for k in buf.filter_demonstrations(max_repeat_fraction, max_steps)]
+
+
+def encode_states(body, ids_list: list[list[int]], pad_id: int, device, share_prefix: bool = True) -> torch.Tensor:
+    """Final hidden state at the last position of each sequence, [B, H]. The batch's common prefix (the
+    system prompt) is run once and its KV cache repeated: most of a state's tokens are that prefix.
+    `share_prefix=False`: one plain forward of the whole sequences (FSDP2 allows one forward per backward)."""
+    from transformers import DynamicCache
+
+    n = min(len(ids) for ids in ids_list)
+    p = 0
+    while share_prefix and p < n - 1 and all(ids[p] == ids_list[0][p] for ids in ids_list):
+        p += 1
+    cache, prefix_mask = DynamicCache(), torch.ones((1, p), dtype=torch.long, device=device)
+    if p:
+        body(input_ids=torch.tensor([ids_list[0][:p]], device=device), attention_mask=prefix_mask,
+             past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(len(ids_list))
+    width = max(len(ids) for ids in ids_list) - p
+    ids = torch.full((len(ids_list), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids_list), width), dtype=torch.long)
+    for row, full in enumerate(ids_list):  # left-padded suffixes: position -1 is every row's last token
+        ids[row, width - len(full) + p:] = torch.tensor(full[p:])
+        mask[row, width - len(full) + p:] = 1
+    attn = torch.cat([prefix_mask.expand(len(ids_list), p), mask.to(device)], 1)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -width:]
+    out = body(input_ids=ids.to(device), attention_mask=attn, position_ids=pos, past_key_values=cache if p else None,
+               use_cache=bool(p)).last_hidden_state
+    return out[:, -1].float()
 
 
 class FeatureCache:

@@ -15,6 +15,7 @@ import torch
 
 from common.models import load_model
 from common.tracking import read_scalars
+from tests.cli_runner import run_many
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "algorithms").glob("*.py"))
@@ -40,14 +41,18 @@ def args_fields(path: Path) -> dict[str, bool]:
     return fields
 
 
-def run_script(path: Path, tmp_path: Path, *extra: str, timeout=600):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(path), "--model", "tiny", "--output-dir", str(tmp_path), *module_literal(path, "SMOKE_TEST_ARGS"),
-           *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    runs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
-    return runs[-1]
+def run_scripts(path: Path, *runs: tuple[Path, list[str]], timeout=600) -> list[Path]:
+    """Start every (output dir, extra flags) `--model tiny` smoke run of `path` at once; return their run dirs."""
+    procs = []
+    for out_dir, extra in runs:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(path), "--model", "tiny", "--output-dir", str(out_dir),
+               *module_literal(path, "SMOKE_TEST_ARGS"), *extra]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out_dir))
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, out[-2000:] + err[-4000:]
+    return [sorted(p for p in out_dir.iterdir() if p.is_dir())[-1] for out_dir, _ in runs]
 
 
 def test_there_are_scripts():
@@ -74,11 +79,28 @@ def test_file_header_imports_and_args(path):
     assert len(text.splitlines()) < 600, "keep an algorithm file readable end to end"
 
 
+HELP = ["--help"]
+BAD_FLAGS = [["--seed", "abc"], ["--env-id", "no-such-env"]] + ([] if torch.cuda.is_available() else [["--device", "cuda:7"]])
+
+
+@pytest.fixture(scope="module")
+def early_exits(tmp_path_factory):
+    """(script name, flags) -> what `python SCRIPT [--model tiny ...] FLAGS` printed and returned, for --help and
+    every bad flag.
+
+    These command lines end before any work, so they share two interpreters (tests/cli_runner.py) instead of
+    paying torch's and transformers' imports forty times."""
+    out = tmp_path_factory.mktemp("bad_flags")
+    keys = [(path, HELP) for path in SCRIPTS] + [(path, bad) for path in SCRIPTS for bad in BAD_FLAGS]
+    jobs = [(path, flags if flags == HELP else ["--model", "tiny", "--output-dir", str(out), *flags]) for path, flags in keys]
+    return {(path.name, tuple(flags)): result for (path, flags), result in zip(keys, run_many(jobs))}
+
+
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_help_reads_well(path):
-    proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+def test_help_reads_well(path, early_exits):
+    result = early_exits[path.name, tuple(HELP)]
+    assert result["returncode"] == 0, result["stderr"]
+    out = result["stdout"]
     for flag in ["--seed", "--model", "--env-id", "--device", "--exp-name", "--save-model", "--no-save-model"]:
         assert flag in out, flag
     assert "--world-size" not in out and "--batch-size" not in out  # derived values are hidden from the CLI
@@ -86,23 +108,19 @@ def test_help_reads_well(path):
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_bad_flags_fail_fast_with_a_message(path, tmp_path):
-    bads = [["--seed", "abc"], ["--env-id", "no-such-env"]] + ([] if torch.cuda.is_available() else [["--device", "cuda:7"]])
-    procs = [subprocess.Popen([sys.executable, str(path), "--model", "tiny", "--output-dir", str(tmp_path), *bad],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for bad in bads]  # concurrently:
-    for bad, proc in zip(bads, procs):  # most of each run is importing torch and transformers
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode != 0
-        assert "Traceback" not in err, err[-2000:]
-        assert bad[0].lstrip("-") in (err + out).replace("_", "-"), err[-2000:]
+def test_bad_flags_fail_fast_with_a_message(path, early_exits):
+    for bad in BAD_FLAGS:
+        result = early_exits[path.name, tuple(bad)]
+        assert result["returncode"] != 0, bad
+        assert "Traceback" not in result["stderr"], result["stderr"][-2000:]
+        assert bad[0].lstrip("-") in (result["stderr"] + result["stdout"]).replace("_", "-"), result["stderr"][-2000:]
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_smoke_run_tags_reproducibility_and_checkpoint(path, tmp_path):
     tags = module_literal(path, "LOGGED_TAGS")
     assert tags and all(t.startswith(SHARED_PREFIXES) for t in tags)
-    first = run_script(path, tmp_path / "a", "--seed", "3", "--save-model")
-    second = run_script(path, tmp_path / "b", "--seed", "3")
+    first, second = run_scripts(path, (tmp_path / "a", ["--seed", "3", "--save-model"]), (tmp_path / "b", ["--seed", "3"]))
     scalars_a, scalars_b = read_scalars(first), read_scalars(second)
     missing = [t for t in tags if t not in scalars_a]
     assert not missing, f"claimed tags not written: {missing}"

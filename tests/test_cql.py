@@ -15,8 +15,9 @@ import torch
 
 from common.chat import ChatFormat
 from common.models import load_model
-from common.offline import FeatureCache, collect, transitions, write_dataset
+from common.offline import FeatureCache, collect, encode_states, transitions, write_dataset
 from common.tracking import read_scalars
+from tests.distributed_runs import only_run_dir, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("cql", ROOT / "algorithms" / "cql.py")
@@ -88,8 +89,8 @@ def test_encode_states_shares_the_prefix_and_equals_plain_forwards(tiny):
     ids = [cql.state_ids(chat, "You are A.", t) for t in texts] + [[5, 6, 7]]  # the last shares no prefix
     with torch.no_grad():
         plain = torch.stack([body(input_ids=torch.tensor([i])).last_hidden_state[0, -1] for i in ids])
-        assert torch.allclose(cql.encode_states(body, ids[:3], tok.pad_token_id, "cpu"), plain[:3], atol=1e-5)
-        assert torch.allclose(cql.encode_states(body, ids, tok.pad_token_id, "cpu"), plain, atol=1e-5)
+        assert torch.allclose(encode_states(body, ids[:3], tok.pad_token_id, "cpu"), plain[:3], atol=1e-5)
+        assert torch.allclose(encode_states(body, ids, tok.pad_token_id, "cpu"), plain, atol=1e-5)
 
 
 def run_cql(tmp_path, *flags, timeout=300):
@@ -246,3 +247,47 @@ def test_torchrun_two_ranks_equal_one_process_and_stay_in_sync(tmp_path, resume)
         # weights by the learning rate per step, and the divergence and loss checks above are exact or rel 1e-4
         torch.testing.assert_close(heads[0][name], value, rtol=1e-4, atol=1e-4)
     assert all(v > 0 for _, v in got["diagnostics/grad_norm"])  # and the updates moved the weights
+
+
+def test_fsdp_train_backbone_takes_the_data_parallel_steps_through_a_resume(tmp_path):
+    """--train-backbone --fsdp on 2 ranks (the online and the target LM's layers sharded; a checkpoint at update 2,
+    then --resume to 4) logs the same losses and gradient norms, and saves the same LM and Q head, as plain data
+    parallel straight to 4. From update 3 on the TD target reads the restored, sharded target LM (tau 0.3)."""
+    from safetensors.torch import load_file
+
+    flags = ["--model", "tiny", "--train-backbone", "--dataset-episodes", "4", "--minibatch-size", "8", "--log-every", "1",
+             "--eval-every", "2", "--eval-episodes", "1", "--tau", "0.3", "--backbone-learning-rate", "3e-4"]
+    ddp = subprocess.Popen(torchrun_command("cql.py", tmp_path / "ddp", *flags, "--total-updates", "4", "--save-model"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.run(torchrun_command("cql.py", tmp_path / "fsdp", *flags, "--fsdp", "--total-updates", "2",
+                                            "--checkpoint-every", "2"), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "fsdp")
+    second = subprocess.run(torchrun_command("cql.py", tmp_path, "--resume", str(run_dir), "--total-updates", "4",
+                                             "--save-model"), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    out, err = ddp.communicate(timeout=300)
+    assert ddp.returncode == 0, out[-2000:] + err[-3000:]
+    ddp_dir = only_run_dir(tmp_path / "ddp")
+    got, expected = read_scalars(run_dir), read_scalars(ddp_dir)
+    for tag in ("losses/loss", "losses/td_loss", "losses/cql_regulariser", "diagnostics/td_target", "diagnostics/grad_norm",
+                "eval/episodic_return"):
+        assert [s for s, _ in got[tag]] == [s for s, _ in expected[tag]], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in expected[tag]], rel=1e-4, abs=1e-6), tag
+    # atol 1e-4: under FSDP each state is one plain forward, not a shared prefix + suffix (features differ by ~1e-7),
+    # and Adam turns that into up to ~3e-5 on weights whose second moment is ~0; a lost target or Adam state
+    # moves every trained weight by ~2 x the learning rate (3e-4 here) per update
+    sharded, whole = (load_file(str(d / "model" / "model.safetensors")) for d in (run_dir, ddp_dir))
+    assert set(sharded) == set(whole)
+    for key, value in whole.items():
+        torch.testing.assert_close(sharded[key], value, rtol=1e-4, atol=1e-4)
+    heads = [torch.load(d / "model" / "q_head.pt") for d in (run_dir, ddp_dir)]
+    for name, value in heads[1].items():
+        torch.testing.assert_close(heads[0][name], value, rtol=1e-4, atol=1e-4)
+
+
+def test_fsdp_needs_torchrun_and_a_trained_backbone():
+    with pytest.raises(SystemExit, match="--fsdp need --train-backbone"):
+        cql.validate_args(cql.Args(fsdp=True))
+    with pytest.raises(SystemExit, match="--fsdp shards over torchrun processes"):
+        cql.validate_args(cql.Args(fsdp=True, train_backbone=True))

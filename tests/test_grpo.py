@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import envs
+from common.exploration import NoveltyBonus
+from common.records import Trajectory, Turn
 from common.rollout import RolloutConfig, RolloutEngine, policy_logprobs
 from common.tracking import read_scalars
 
@@ -33,6 +35,25 @@ def test_group_advantages_hand_computed():
     std = math.sqrt((2.25**2 + 3 * 0.75**2) / 4)
     assert adv[2, 0].item() == pytest.approx(2.25 / (std + 1e-4), rel=1e-6)
     assert not torch.isnan(adv).any()
+
+
+def _episode(*observations):
+    turns = [Turn(action_text="up", observation=o, reward=0.0, action_valid=True, num_action_tokens=1) for o in observations]
+    return Trajectory([], [], [], 0, turns, {}, 0.0, "truncated", "", "", 0)
+
+
+def test_novelty_bonus_hand_computed():
+    bonus = NoveltyBonus(coef=0.5)
+    # the step counter is not part of the state: "Step 1/20. at a" and "Step 3/20. at a" are one state, and an
+    # episode is credited once per distinct state (its loop back to a earns nothing)
+    first = bonus([_episode("Step 1/20. at a", "Step 2/20. at b", "Step 3/20. at a"), _episode("Step 1/20. at a")])
+    # counts after this batch: a 2, b 1 -> 0.5 (1/sqrt 2 + 1) and 0.5 / sqrt 2
+    assert first == pytest.approx([0.5 * (1 / math.sqrt(2) + 1), 0.5 / math.sqrt(2)])
+    second = bonus([_episode("Step 1/20. at a", "Step 2/20. at c")])  # a 3, c 1
+    assert second == pytest.approx([0.5 * (1 / math.sqrt(3) + 1)])
+    restored = NoveltyBonus(coef=0.5)
+    restored.load_state_dict(bonus.state_dict())
+    assert restored([_episode("Step 9/20. at b")]) == pytest.approx([0.5 / math.sqrt(2)])
 
 
 def _batch():
@@ -188,13 +209,11 @@ def test_lora_trains_only_the_adapter_and_the_reference_is_the_base(tmp_path):
     assert kl[-1] > 0  # the reference (adapters off) is not the trained policy (adapters on)
 
 
-# the allocator test runs in a fresh interpreter (malloc's thresholds are per process and pytest's heap is already
-# used), with only `cap_mmap_threshold` taken from the script, so it starts in a fraction of a second
+# the allocator test runs in a fresh interpreter: malloc's thresholds are per process and pytest's heap is already used
 _HOARD = """
-import ast, ctypes, sys, torch
-tree = ast.parse(open({script!r}).read())
-(fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cap_mmap_threshold"]
-exec(compile(ast.Module([fn], []), "grpo_agent.py", "exec"))
+import sys, torch
+sys.path.insert(0, {root!r})
+from common.memory import cap_mmap_threshold
 applied = cap_mmap_threshold(int(sys.argv[1]))
 def rss():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
@@ -215,7 +234,7 @@ def test_fixed_mmap_threshold_returns_freed_activation_buffers_to_the_os():
     1 MiB each is its own mapping, handed back on free."""
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc only")
-    script = _HOARD.format(script=str(ROOT / "algorithms" / "grpo_agent.py"))
+    script = _HOARD.format(root=str(ROOT))
     kept = {}
     for kib in (0, 1024):
         proc = subprocess.run([sys.executable, "-c", script, str(kib)], capture_output=True, text=True, timeout=120)
