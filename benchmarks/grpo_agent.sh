@@ -48,3 +48,15 @@ if [ -n "${RETURN_TARGET:-}" ]; then
   OMP_NUM_THREADS=1 timed python algorithms/grpo_agent.py --total-iterations 31 --group-size 16 --checkpoint-every 5 \
       --exp-name g16 --output-dir "$OUT/return_target"
 fi
+
+if [ -n "${NOVELTY:-}" ]; then
+  # Runs 5 and 6 of benchmarks/results/grpo_agent_gridworld.md: the count-based novelty bonus (--novelty-coef,
+  # docs/grpo_agent.md item 14) at two coefficients, toward the issue-9 return target (500 episodes). The
+  # published runs went 6 iterations side by side (OMP_NUM_THREADS=1 each), were stopped with SIGTERM and
+  # resumed one at a time with 2 threads (`--resume RUN_DIR`); run 5 was stopped again at iteration 27, its
+  # policy collapsed. Other thread counts can change float rounding, so a straight run may differ slightly.
+  for coef in 0.1 0.3; do
+    timed python algorithms/grpo_agent.py --total-iterations 62 --novelty-coef "$coef" --eval-episodes 4 \
+        --checkpoint-every 5 --exp-name "novelty$coef" --output-dir "$OUT/novelty"
+  done
+fi
