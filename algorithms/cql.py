@@ -500,7 +500,7 @@ if __name__ == "__main__":
         batch = batch.view(world, -1)[rank].to(device)  # torchrun: this rank's disjoint slice of it
         s, a = S[batch], A[batch]
         if args.mode == "cql":
-            with torch.no_grad():  # before q's forward: under FSDP no other forward may run between it and its backward
+            with torch.no_grad():  # before q's forward, so that under FSDP q's forward is followed directly by its backward
                 q_next_online = q_values(S2[batch])
                 q_next_target = q_values(S2[batch], target_head, target_body if args.train_backbone else None)
                 y = td_target(q_next_online, q_next_target, R[batch], D[batch], args.gamma)

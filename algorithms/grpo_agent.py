@@ -551,7 +551,8 @@ if __name__ == "__main__":
         if args.world_size > 1:  # every rank applied the same averaged update: their weights must agree exactly
             scalars["diagnostics/rank_param_divergence"] = rank_param_divergence(params)
         if novelty is not None:  # the bonus is not in charts/episodic_return, which stays the environment's alone
-            scalars.update({"diagnostics/novelty_bonus": float(bonus.mean()), "diagnostics/distinct_states": len(novelty.counts)})
+            scalars.update({"diagnostics/novelty_bonus": float(bonus.mean()),
+                            "diagnostics/distinct_states": len(novelty.counts)})
         scalars = all_reduce_mean(scalars)
         generated_tokens += round(scalars["perf/iteration_generated_tokens"] * args.world_size)
         scalars["perf/generated_tokens"] = generated_tokens  # cumulative, all ranks: the x-axis of benchmarks/plot.py

@@ -28,8 +28,9 @@ The demonstration filter of seed 003 §4 is `common.records.TrajectoryBuffer.fil
 `filter_demonstrations` below applies it with a state key that ignores step counters (see there).
 
 `encode_states` turns token sequences into an LM's final hidden states at their last position (the batch's
-shared prefix run once); `FeatureCache` keeps a frozen encoder's state features on disk, keyed by the encoder's weights and the
-state's token ids, so runs on the same data (other seeds, other modes) skip the LM forwards.
+shared prefix run once); `FeatureCache` keeps a frozen encoder's state features on disk, keyed by the
+encoder's weights and the state's token ids, so runs on the same data (other seeds, other modes) skip the
+LM forwards.
 """
 
 from __future__ import annotations

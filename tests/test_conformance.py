@@ -80,7 +80,8 @@ def test_file_header_imports_and_args(path):
 
 
 HELP = ["--help"]
-BAD_FLAGS = [["--seed", "abc"], ["--env-id", "no-such-env"]] + ([] if torch.cuda.is_available() else [["--device", "cuda:7"]])
+BAD_FLAGS = [["--seed", "abc"], ["--env-id", "no-such-env"]]
+BAD_FLAGS += [] if torch.cuda.is_available() else [["--device", "cuda:7"]]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,8 @@ def early_exits(tmp_path_factory):
     paying torch's and transformers' imports forty times."""
     out = tmp_path_factory.mktemp("bad_flags")
     keys = [(path, HELP) for path in SCRIPTS] + [(path, bad) for path in SCRIPTS for bad in BAD_FLAGS]
-    jobs = [(path, flags if flags == HELP else ["--model", "tiny", "--output-dir", str(out), *flags]) for path, flags in keys]
+    tiny = ["--model", "tiny", "--output-dir", str(out)]
+    jobs = [(path, flags if flags == HELP else [*tiny, *flags]) for path, flags in keys]
     return {(path.name, tuple(flags)): result for (path, flags), result in zip(keys, run_many(jobs))}
 
 
