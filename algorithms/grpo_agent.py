@@ -33,6 +33,8 @@ Where this departs from the paper / seed:
   vLLM's (other kernels, bf16): diagnostics/logprob_mismatch_mean and first_epoch_* show the gap.
 - Clipping is asymmetric by flag (eps_low / eps_high, the "clip-higher" of DAPO); the default is symmetric.
 - `--novelty-coef c` (off by default) adds a count-based novelty bonus to the advantage; not in GRPO.
+- `--sil-coef c` (off by default) replays the best past episodes of a task that beat its group's mean
+  return, with advantage c * (R - mean), as self-imitation learning (Oh et al. 2018); not in GRPO.
 - `--loss-agg token-mean` (default) divides by the batch's policy-unit count, `sequence-mean` averages
   per-episode means, as in the original GRPO.
 """
@@ -57,11 +59,11 @@ import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
                                 init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
-from common.exploration import NoveltyBonus
+from common.exploration import NoveltyBonus, SelfImitationMemory
 from common.memory import cap_mmap_threshold
 from common.models import adapter_disabled, autocast, load_model, resolve_device, save_model, train_top_layers
 from common.records import Trajectory
-from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
+from common.rollout import RolloutConfig, RolloutEngine, behavior_units, format_demonstrations, policy_logprobs
 from common.tracking import Tracker, make_run_name
 from common.vllm_backend import BackendUnavailable, TokenRolloutEngine, VLLMGenerator, require_vllm, sync_weights
 
@@ -136,6 +138,11 @@ class Args:
     novelty_coef: float = 0.0
     """count-based exploration: add coef * sum of 1/sqrt(visits) over the episode's distinct states to its advantage,
     centred in its group but not whitened (common/exploration.py; see docs, "Exploration"); 0: plain GRPO"""
+    sil_coef: float = 0.0
+    """self-imitation: replay each task's best past episodes that beat its group's mean return, with advantage
+    coef * (R - mean) (Oh et al. 2018; see docs, "Exploration"); 0: off"""
+    sil_episodes: int = 2
+    """self-imitation: distinct episodes kept per task (the highest returns seen)"""
     max_grad_norm: float = 1.0
     """gradient clipping"""
     temperature: float = 2.0
@@ -198,8 +205,8 @@ def validate_args(args: Args):
         problems.append("--group-size must be >= 2: a group of one has no variance to normalise by")
     if not 0 <= args.clip_eps_low < 1 or args.clip_eps_high < 0:
         problems.append("--clip-eps-low must be in [0, 1) and --clip-eps-high >= 0")
-    if args.novelty_coef < 0:
-        problems.append("--novelty-coef must be >= 0 (0: no exploration bonus)")
+    if args.novelty_coef < 0 or args.sil_coef < 0 or args.sil_episodes < 1:
+        problems.append("--novelty-coef and --sil-coef must be >= 0 (0: off), --sil-episodes >= 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.rollout_backend == "vllm" and args.action_mode != "free":
@@ -249,31 +256,6 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, unit_mask, eps_low, eps_high
             "kl_sum": kl[m].sum().item(),
         }
     return loss, stats
-
-
-def format_demonstrations(engine: RolloutEngine, env, rng: random.Random, n: int, max_turns: int = 3) -> list[Trajectory]:
-    """Cold-start data (seed 001): short episodes whose actions are random *valid* action names.
-
-    They teach the answer format (one action name, then end of turn), not which action is good.
-    """
-    chat, demos = engine.chat, []
-    for _ in range(n):
-        obs, _ = env.reset(seed=rng.randrange(1 << 30))
-        ids = chat.prompt_ids(env.system_prompt, obs)
-        mask = [0] * len(ids)
-        for turn in range(rng.randint(1, max_turns)):
-            name = rng.choice(env.action_names)
-            action = chat.encode(name) + [chat.eos_id]
-            ids, mask = ids + action, mask + [1] * len(action)
-            obs, _, terminated, truncated, _ = env.step(name)
-            if terminated or truncated or turn == max_turns - 1:
-                break
-            segment = chat.next_turn_ids(obs, action_ended_with_eos=True)
-            ids, mask = ids + segment, mask + [0] * len(segment)
-        demos.append(Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0,
-                                turns=[], rewards={}, return_=0.0, termination="truncated", env_version="",
-                                task_id="", seed=0))
-    return demos
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -383,7 +365,7 @@ if __name__ == "__main__":
         sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate, weight_decay=0.0)
         model.train()
         for step in range(1, args.sft_steps + 1):
-            demos = format_demonstrations(engine, demo_env, py_rng, args.sft_batch_size)
+            demos = format_demonstrations(engine.chat, demo_env, py_rng, args.sft_batch_size)
             units = policy_logprobs(model, demos, "free")
             sft_loss = -(units.logprobs * units.mask).sum() / units.mask.sum()
             sft_opt.zero_grad()
@@ -402,12 +384,15 @@ if __name__ == "__main__":
     episodes_seen, generated_tokens, first_iteration, start = 0, 0, 1, time.time()
     generators = {"sample": sample_gen, "python": py_rng}
     novelty = NoveltyBonus(args.novelty_coef) if args.novelty_coef > 0 else None  # visit counts are per rank
+    memory = SelfImitationMemory(args.sil_episodes) if args.sil_coef > 0 else None  # so is the memory
     if resumed:  # weights, optimizer, every RNG and the counters, as they were after the checkpoint's iteration
         ckpt.restore(resumed, model, optimizer, generators=generators)
         episodes_seen, generated_tokens = resumed["counters"]["episodes_seen"], resumed["counters"]["generated_tokens"]
         first_iteration = resumed["counters"]["iteration"] + 1
         if novelty is not None:
             novelty.load_state_dict(resumed["extra"]["novelty"])
+        if memory is not None:
+            memory.load_state_dict(resumed["extra"]["memory"])
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
         if vllm_gen is not None:
             sync_weights(model, vllm_gen, version=first_iteration - 1)
@@ -445,6 +430,15 @@ if __name__ == "__main__":
         keep = [i for i in range(len(trajs)) if not (args.filter_zero_variance and zero_var[i])]
         train_trajs, train_adv = [trajs[i] for i in keep], advantages[keep].to(device)
         train_inputs = [engine.layer_inputs[i] for i in keep] if frozen_below is not None else None
+        replay = []  # self-imitation: past episodes of a task that beat its group's mean return, weight (R - mean)_+
+        if memory is not None:
+            for g in range(args.num_groups):
+                replay += memory.replay(trajs[g * args.group_size].task_id, float(returns[g].mean()))
+            memory.add(trajs, engine.layer_inputs if frozen_below is not None else None)
+            train_trajs = train_trajs + [t for t, _, _ in replay]
+            train_adv = torch.cat([train_adv, args.sil_coef * torch.tensor([w for *_, w in replay], device=device)])
+            train_inputs = train_inputs + [x for _, x, _ in replay] if train_inputs is not None else None
+        replayed = torch.arange(len(train_trajs), device=device) >= len(train_trajs) - len(replay)
 
         # ---- update: clipped surrogate over policy units (eq. 12.19), micro-batched ----
         t1 = time.time()
@@ -494,6 +488,8 @@ if __name__ == "__main__":
                                                 args.choice_token_norm, *trunk(c))
                     width = units.logprobs.shape[1]
                     sl = (slice(c.start, c.stop), slice(0, width))
+                    if epoch == 0 and replayed[c].any():  # a replayed episode's sampler is long gone: its pi_old is
+                        old_logp[sl][replayed[c]] = units.logprobs.detach()[replayed[c]]  # the weights before this update
                     loss, s = grpo_loss(units.logprobs, old_logp[sl], ref_logp[sl], train_adv[c.start:c.stop], unit_mask[sl],
                                         args.clip_eps_low, args.clip_eps_high, args.beta, args.loss_agg, num_units, seq_denominator)
                     loss.backward()
@@ -523,6 +519,7 @@ if __name__ == "__main__":
         denom = max(num_units, 1)
         scalars = {
             **{f"charts/{k}": v for k, v in ep.items()},
+            "charts/episodic_return_max": max(t.return_ for t in trajs),  # a rare best episode shows here first
             "losses/policy_loss": policy_loss_sum,
             "losses/kl": stats["kl_sum"] / denom,
             "losses/entropy": entropy_sum / denom,
@@ -553,6 +550,9 @@ if __name__ == "__main__":
         if novelty is not None:  # the bonus is not in charts/episodic_return, which stays the environment's alone
             scalars.update({"diagnostics/novelty_bonus": float(bonus.mean()),
                             "diagnostics/distinct_states": len(novelty.counts)})
+        if memory is not None:
+            scalars.update({"diagnostics/replayed_episodes": len(replay),
+                            "diagnostics/memory_best_return": memory.best_return})
         scalars = all_reduce_mean(scalars)
         generated_tokens += round(scalars["perf/iteration_generated_tokens"] * args.world_size)
         scalars["perf/generated_tokens"] = generated_tokens  # cumulative, all ranks: the x-axis of benchmarks/plot.py
@@ -571,7 +571,7 @@ if __name__ == "__main__":
         if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:
             ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen, "generated_tokens": generated_tokens},
                       model, optimizer, generators=generators, tracker=tracker,
-                      extra={"novelty": novelty.state_dict()} if novelty is not None else None)
+                      extra={k: v.state_dict() for k, v in (("novelty", novelty), ("memory", memory)) if v is not None})
             print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
         if stop:
             print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")

@@ -43,14 +43,19 @@ def seed_everything(seed: int, torch_deterministic: bool = True):
 
 
 def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
-    """Average scalar metrics across ranks before rank 0 logs them (identity without torchrun)."""
+    """Average scalar metrics across ranks before rank 0 logs them (identity without torchrun); a metric whose
+    name ends in `_max` is the maximum over ranks."""
     if not (dist.is_available() and dist.is_initialized()):
         return values
-    keys = sorted(values)
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+    out = {}
+    for op, keys in ((dist.ReduceOp.SUM, sorted(k for k in values if not k.endswith("_max"))),
+                     (dist.ReduceOp.MAX, sorted(k for k in values if k.endswith("_max")))):
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op)  # every rank holds the same keys, so both calls happen on all of them
+        scale = dist.get_world_size() if op == dist.ReduceOp.SUM else 1
+        out.update({k: float(v) / scale for k, v in zip(keys, t.tolist())})
+    return out
 
 
 def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:

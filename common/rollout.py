@@ -23,6 +23,7 @@ an algorithm file reads the same in both modes.
 
 from __future__ import annotations
 
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -529,3 +530,28 @@ def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int,
         return body(inputs_embeds=x, attention_mask=attention_mask, position_ids=pos, use_cache=False).last_hidden_state
     finally:
         body.layers = all_layers
+
+
+def format_demonstrations(chat: ChatFormat, env, rng: random.Random, n: int, max_turns: int = 3) -> list[Trajectory]:
+    """SFT cold-start data (seed 001): short episodes whose actions are random *valid* action names.
+
+    They teach the answer format (one action name, then end of turn), not which action is good.
+    """
+    demos = []
+    for _ in range(n):
+        obs, _ = env.reset(seed=rng.randrange(1 << 30))
+        ids = chat.prompt_ids(env.system_prompt, obs)
+        mask = [0] * len(ids)
+        for turn in range(rng.randint(1, max_turns)):
+            name = rng.choice(env.action_names)
+            action = chat.encode(name) + [chat.eos_id]
+            ids, mask = ids + action, mask + [1] * len(action)
+            obs, _, terminated, truncated, _ = env.step(name)
+            if terminated or truncated or turn == max_turns - 1:
+                break
+            segment = chat.next_turn_ids(obs, action_ended_with_eos=True)
+            ids, mask = ids + segment, mask + [0] * len(segment)
+        demos.append(Trajectory(token_ids=ids, source_mask=mask, behavior_logprobs=[0.0] * len(ids), policy_version=0,
+                                turns=[], rewards={}, return_=0.0, termination="truncated", env_version="",
+                                task_id="", seed=0))
+    return demos

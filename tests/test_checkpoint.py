@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "algorithms" / "grpo_agent.py"
 # seed 5 with these flags: every one of the 3 iterations has reward variance, so each one updates the
 # weights and the Adam moments (a resume that lost the optimizer state or an RNG would show); the novelty
-# bonus's visit counts are state a resume must carry too
+# bonus's visit counts and the self-imitation memory are state a resume must carry too
 FLAGS = ["--model", "tiny", "--seed", "5", "--group-size", "4", "--update-epochs", "1", "--learning-rate", "1e-2",
          "--temperature", "1", "--max-total-tokens", "1600", "--eval-every", "1", "--eval-episodes", "1",
-         "--novelty-coef", "0.1"]
+         "--novelty-coef", "0.1", "--sil-coef", "0.5"]
 N = 3
 
 
@@ -111,6 +111,7 @@ def test_resume_after_a_crash_gives_the_same_numbers_as_an_uninterrupted_run(int
     compared = [t for t in reference if not wall_clock(t)]
     assert "losses/entropy" in compared and "perf/generated_tokens" in compared and "eval/success_rate" in compared
     assert "diagnostics/novelty_bonus" in compared
+    assert reference["diagnostics/replayed_episodes"][-1][1] > 0  # the last iteration replays the restored memory
     worst = 0.0
     for tag in compared:
         steps = [s for s, _ in reference[tag]]

@@ -1,5 +1,5 @@
-"""common/distributed.py under a real 2-process gloo group: sums, the global loss denominator (2 ranks x batch b
-== 1 process x batch 2b), and the rank-divergence check."""
+"""common/distributed.py under a real 2-process gloo group: sums, means and maxima, the global loss denominator
+(2 ranks x batch b == 1 process x batch 2b), and the rank-divergence check."""
 
 import os
 import socket
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from common.distributed import all_reduce_sum, global_loss_denominator, rank_param_divergence
+from common.distributed import all_reduce_mean, all_reduce_sum, global_loss_denominator, rank_param_divergence
 
 # one batch of "policy units": per-unit inputs, and which rank played each sequence (unequal shares on purpose)
 TORCH_SEED = 0
@@ -31,7 +31,8 @@ def _worker(rank: int, port: int, results):
     try:
         weights = torch.tensor([0.5, -1.0, 2.0])
         share = SHARES[rank]
-        out = {"sum": all_reduce_sum({"x": float(rank + 1)})["x"]}
+        out = {"sum": all_reduce_sum({"x": float(rank + 1)})["x"],
+               "mean": all_reduce_mean({"return": float(rank + 1), "return_max": float(4 * rank + 1)})}
         for name, denominator in (("global", global_loss_denominator(UNITS[share].shape[0])),
                                   ("local", float(UNITS[share].shape[0]))):
             grad = token_mean_grad(weights, UNITS[share], TARGETS[share], denominator)
@@ -62,6 +63,10 @@ def two_ranks():
 
 def test_all_reduce_sum_adds_the_ranks(two_ranks):
     assert two_ranks[0]["sum"] == two_ranks[1]["sum"] == 3.0
+
+
+def test_all_reduce_mean_averages_but_takes_the_maximum_of_a_max(two_ranks):
+    assert two_ranks[0]["mean"] == two_ranks[1]["mean"] == {"return": 1.5, "return_max": 5.0}
 
 
 def test_two_ranks_give_the_update_of_one_process_on_the_whole_batch(two_ranks):

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import envs
-from common.exploration import NoveltyBonus
+from common.exploration import NoveltyBonus, SelfImitationMemory
 from common.records import Trajectory, Turn
-from common.rollout import RolloutConfig, RolloutEngine, policy_logprobs
+from common.rollout import RolloutConfig, RolloutEngine, format_demonstrations, policy_logprobs
 from common.tracking import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +54,31 @@ def test_novelty_bonus_hand_computed():
     restored = NoveltyBonus(coef=0.5)
     restored.load_state_dict(bonus.state_dict())
     assert restored([_episode("Step 9/20. at b")]) == pytest.approx([0.5 / math.sqrt(2)])
+
+
+def _scored(task, ret, *actions):
+    turns = [Turn(action_text=a, observation="", reward=0.0, action_valid=True, num_action_tokens=1) for a in actions]
+    return Trajectory([], [], [], 0, turns, {}, ret, "truncated", "", task, 0)
+
+
+def test_self_imitation_memory_keeps_the_best_distinct_episodes_and_weights_them_by_the_margin(tmp_path):
+    memory = SelfImitationMemory(per_task=2, max_tasks=2)
+    a1, a3, a2, a3_again = (_scored("A", 1.0, "up"), _scored("A", 3.0, "up", "left"), _scored("A", 2.0, "down"),
+                            _scored("A", 3.0, "up", "left"))
+    memory.add([a1, a3, a2, a3_again], layer_inputs=[torch.full((2, 3), float(i)) for i in range(4)])
+    # kept: the two best, the repeat of a3's actions dropped; weights are R - baseline, only above it
+    assert [(t.return_, float(x[0, 0]), w) for t, x, w in memory.replay("A", 1.5)] == [(3.0, 1.0, 1.5), (2.0, 2.0, 0.5)]
+    assert [w for *_, w in memory.replay("A", 2.5)] == [0.5]
+    assert memory.replay("A", 3.0) == [] and memory.replay("B", -9.0) == []
+    memory.add([_scored("A", 3.0, "right")])  # ties with the best: the earlier episode stays ahead, 2.0 drops out
+    assert [t.turns[-1].action_text for t, _, _ in memory.replay("A", 0.0)] == ["left", "right"]
+    memory.add([_scored("B", 0.5, "up")])
+    memory.add([_scored("C", 0.5, "up")])  # a third task: the least recently seen (A) goes
+    assert memory.replay("A", 0.0) == [] and len(memory.replay("C", 0.0)) == 1 and memory.best_return == 0.5
+    torch.save(memory.state_dict(), tmp_path / "memory.pt")  # what a checkpoint does: weights_only loadable
+    restored = SelfImitationMemory(per_task=2, max_tasks=2)
+    restored.load_state_dict(torch.load(tmp_path / "memory.pt", weights_only=True))
+    assert [(t.task_id, t.return_, w) for t, _, w in restored.replay("B", 0.0)] == [("B", 0.5, 0.5)]
 
 
 def _batch():
@@ -118,7 +143,7 @@ def test_format_demonstrations_train_only_valid_action_names(tiny):
     model, tok = tiny
     engine = RolloutEngine(model, tok, RolloutConfig())
     env = envs.make("gridworld")
-    demos = grpo.format_demonstrations(engine, env, random.Random(0), n=20)
+    demos = format_demonstrations(engine.chat, env, random.Random(0), n=20)
     names = {tuple(engine.chat.encode(n) + [engine.chat.eos_id]) for n in env.action_names}
     for d in demos:
         d.validate()
