@@ -22,6 +22,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -110,7 +111,12 @@ def smollm2_dir() -> Path:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(target)  # atomic: a crash mid-save never leaves a half-written cache
+    try:
+        tmp.rename(target)  # atomic: a crash mid-save never leaves a half-written cache
+    except OSError:  # another process (a parallel test, the other rank) got there first: keep its copy
+        if not (target / "model.safetensors").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
