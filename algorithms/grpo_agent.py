@@ -140,7 +140,7 @@ class Args:
     centred in its group but not whitened (common/exploration.py; see docs, "Exploration"); 0: plain GRPO"""
     sil_coef: float = 0.0
     """self-imitation: replay each task's best past episodes that beat its group's mean return, with advantage
-    coef * (R - mean) (Oh et al. 2018; see docs, "Exploration"); 0: off"""
+    coef * (R - mean) (Oh et al. 2018; see docs, "Self-imitation"); 0: off"""
     sil_episodes: int = 2
     """self-imitation: distinct episodes kept per task (the highest returns seen)"""
     max_grad_norm: float = 1.0
