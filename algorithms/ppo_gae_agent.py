@@ -31,8 +31,8 @@ Where this departs from the paper / seed:
 - GAE runs over agent turns, not tokens: the MDP's steps are the environment's steps, and the turn's
   advantage is given to all of its tokens (`--gae-level token` runs GAE over policy tokens instead, with
   the turn's reward on its last token and gamma applied only between turns).
-- Truncated episodes bootstrap with V(s_T) of the final observation, which the rollout never feeds to the model:
-  one more no-grad forward, folded into the V_old pass when the whole model is trained (`--no-bootstrap-truncated`: V = 0).
+- Truncated episodes bootstrap with V(s_T) of the final observation, read in the V_old pass (with a frozen trunk the
+  rollout feeds that observation into its KV cache for the purpose); `--no-bootstrap-truncated`: V = 0.
 - The KL penalty to the reference is a loss term (k3 estimator, as in GRPO), not a reward-shaping term.
 - pi_old is the behaviour log-prob recorded by the sampler (no extra forward; the trainer/sampler gap is
   logged before the first optimizer step); V_old comes from one no-grad pass before the update.
@@ -275,22 +275,6 @@ def units_and_values(model, value_head, trajs, positions, action_mode, temperatu
     return units, value_head(h.float()).squeeze(-1) * mask, mask
 
 
-@torch.no_grad()
-def final_state_values(model, value_head, trajs, tails, micro_batch_size):
-    """V(s_T) for episodes cut short: the record plus the final observation's ids (never fed during the
-    rollout), value read at the last token. A full forward: the frozen trunk's recorded inputs stop earlier."""
-    body, device, out = model.get_decoder(), next(model.parameters()).device, []
-    for c in range(0, len(trajs), micro_batch_size):
-        seqs = [t.token_ids + tail for t, tail in zip(trajs[c: c + micro_batch_size], tails[c: c + micro_batch_size])]
-        lengths = torch.tensor([len(s) for s in seqs])
-        ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in seqs], batch_first=True)  # right-padded with 0
-        attn = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
-        hidden = body(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
-        last = hidden[torch.arange(len(seqs), device=device), lengths.to(device) - 1]
-        out.append(value_head(last.float()).squeeze(-1))
-    return torch.cat(out).cpu() if out else torch.zeros(0)
-
-
 def ppo_loss(logp, old_logp, ref_logp, adv, unit_mask, entropy, values, old_values, returns, step_mask,
              clip_eps, value_clip, vf_coef, ent_coef, beta, num_units, num_steps):
     """PPO's objective (Schulman et al. 2017, eq. 9: L^CLIP - c1 L^VF + c2 S) plus beta * KL, to minimise.
@@ -404,7 +388,8 @@ if __name__ == "__main__":
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
     engine = RolloutEngine(model, tokenizer, RolloutConfig(
         action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
-        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm), record_layer_inputs=frozen_below)
+        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm), record_layer_inputs=frozen_below,
+        record_final_observation=frozen_below is not None and args.bootstrap_truncated)  # V(s_T) without a full forward
     level = "turn" if args.action_mode == "choice" else args.gae_level  # choice mode: one unit per turn anyway
 
     def all_reduce_grads():  # FSDP has already reduce-scattered the sharded layers' gradients
@@ -444,7 +429,9 @@ if __name__ == "__main__":
         rollout_s, n = time.time() - t0, len(trajs)
         episodes_seen += n * args.world_size
         trunk_inputs = engine.layer_inputs if frozen_below is not None else None
-        trunk = lambda c: ([trunk_inputs[i] for i in c], frozen_below) if trunk_inputs else (None, 0)  # noqa: E731
+        branch_inputs = engine.branch_inputs
+        trunk = lambda c: ([trunk_inputs[i] for i in c], frozen_below,  # noqa: E731 (and the multi-token candidates')
+                           [branch_inputs[i] for i in c]) if trunk_inputs else (None, 0)
         micro = lambda idx: [idx[i: i + args.micro_batch_size] for i in range(0, len(idx), args.micro_batch_size)]  # noqa: E731
 
         # ---- V_old at every step (and pi_ref) from no-grad passes with the sampler's weights ----
@@ -452,33 +439,32 @@ if __name__ == "__main__":
         old_logp, unit_mask = (x.to(device) for x in behavior_units(trajs, args.action_mode))
         old_values = torch.zeros(n, max(1, max(len(p[0]) for p in plans)), device=device)
         ref_logp = torch.zeros_like(old_logp)
-        # episodes cut short (time limit or token cap) bootstrap from V(s_T): the record plus the final observation
+        # episodes cut short (time limit or token cap) bootstrap from V(s_T), read in the same pass at the end of the
+        # final observation (never part of the record): the rollout fed it and kept its trunk inputs (`final_tails`)
         cut = [i for i, t in enumerate(trajs) if args.bootstrap_truncated and t.termination == "truncated"]
-        tails = {i: engine.chat.next_turn_ids(trajs[i].turns[-1].observation, action_ended_with_eos=(
-            args.action_mode == "free" and trajs[i].token_ids[-1] == engine.chat.eos_id)) for i in cut}
+        tails = {i: engine.final_tails[i][0] if trunk_inputs else engine.chat.next_turn_ids(
+            trajs[i].turns[-1].observation, action_ended_with_eos=args.action_mode == "free" and
+            trajs[i].token_ids[-1] == engine.chat.eos_id) for i in cut}
+        value_trunk = lambda c: ([torch.cat([trunk_inputs[i], engine.final_tails[i][1]]) if i in tails  # noqa: E731
+                                  else trunk_inputs[i] for i in c], frozen_below) if trunk_inputs else (None, 0)
         next_values = torch.zeros(n)
-        fold = trunk_inputs is None  # a full forward anyway: read V(s_T) off the same pass, at the tail's end
-        with torch.no_grad(), autocast(device), gathered(fsdp_layers):  # FSDP: ranks' `cut` passes differ
+        with torch.no_grad(), autocast(device), gathered(fsdp_layers):
             for c in micro(list(range(n))):
                 sub = [replace(trajs[i], token_ids=trajs[i].token_ids + tails[i],
-                               source_mask=trajs[i].source_mask + [0] * len(tails[i]))
-                       if fold and i in tails else trajs[i] for i in c]
-                pos = [plans[i][0] + ([len(t.token_ids) - 1] if fold and i in tails else []) for i, t in zip(c, sub)]
-                vals = critic_values(sub, pos, trunk(c))
+                               source_mask=trajs[i].source_mask + [0] * len(tails[i])) if i in tails else trajs[i]
+                       for i in c]
+                pos = [plans[i][0] + ([len(t.token_ids) - 1] if i in tails else []) for i, t in zip(c, sub)]
+                vals = critic_values(sub, pos, value_trunk(c))
                 for j, i in enumerate(c):
                     k = len(plans[i][0])
                     old_values[i, :k] = vals[j, :k]
-                    if fold and i in tails:
+                    if i in tails:
                         next_values[i] = vals[j, k].item()
                 if ref_model is not None:
                     with adapter_disabled(ref_model) as ref:
                         ref = policy_logprobs(ref, [trajs[i] for i in c], args.action_mode, args.temperature,
                                               args.choice_token_norm, *trunk(c)).logprobs
                     ref_logp[c[0]: c[-1] + 1, : ref.shape[1]] = ref
-        if not fold and (cut or fsdp_layers):  # the frozen trunk's recorded inputs stop at the last action: a full forward
-            with torch.no_grad(), autocast(device), gathered(fsdp_layers):  # FSDP: collective; the ranks' `cut` differ
-                next_values[cut] = final_state_values(critic, value_head, [trajs[i] for i in cut],
-                                                      [tails[i] for i in cut], args.micro_batch_size) if cut else 0.0
         value_s = time.time() - t1
 
         # ---- GAE per episode (turn level by default), spread to the units of each step; whitening ----

@@ -122,6 +122,9 @@ class _Episode:
         self.termination = ""
         self.info: dict = {}
         self.layer_inputs: list[torch.Tensor] = []  # see RolloutEngine(record_layer_inputs=...)
+        self.branch_inputs: list[torch.Tensor] = []  # one [branch tokens, hidden] per choice step
+        self.tail: list[int] = []  # see RolloutEngine(record_final_observation=...)
+        self.tail_inputs: torch.Tensor | None = None
 
     def append(self, ids: list[int], mask: int, logprobs: list[float] | None = None):
         self.token_ids += ids
@@ -240,10 +243,20 @@ class RolloutEngine:
     `record_layer_inputs=k` keeps, for every token fed during the rollout, the hidden state entering
     decoder layer k (`self.layer_inputs`, one [fed_tokens, hidden] tensor per returned trajectory). When
     layers below k are frozen, the trainer starts its forward there (`policy_logprobs(..., layer_inputs=)`)
-    instead of recomputing what the rollout already computed.
+    instead of recomputing what the rollout already computed. In choice mode with multi-token action names
+    the candidates' scoring forwards are recorded too (`self.branch_inputs`, one [branch tokens, hidden]
+    tensor per trajectory in `_branch_layout`'s order, or None), so the tree-shaped scoring forward of
+    `policy_logprobs(..., branch_inputs=)` also starts at layer k.
+
+    `record_final_observation=True` (with `record_layer_inputs`): an episode that ends truncated (time limit
+    or token cap) gets its last action and final observation fed into the KV cache before it leaves the
+    batch, one short prefill, so that a critic can read V(s_T) off the recorded layer inputs without a
+    full forward. `self.final_tails[i]` is then (tail ids, their layer-k inputs) for trajectory i, else
+    None; the tail ids are `chat.next_turn_ids(final observation)` and are not part of the record.
     """
 
-    def __init__(self, model, tokenizer, config: RolloutConfig, record_layer_inputs: int | None = None):
+    def __init__(self, model, tokenizer, config: RolloutConfig, record_layer_inputs: int | None = None,
+                 record_final_observation: bool = False):
         if config.action_mode not in ("free", "choice"):
             raise ValueError(f"action_mode must be 'free' or 'choice', got {config.action_mode!r}")
         self.model, self.tokenizer, self.config = model, tokenizer, config
@@ -251,13 +264,19 @@ class RolloutEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.chat.eos_id
         self.device = next(model.parameters()).device
         self.body, self.head = _lm_parts(model)
-        self.record_layer_inputs = record_layer_inputs
+        if record_final_observation and record_layer_inputs is None:
+            raise ValueError("record_final_observation needs record_layer_inputs")
+        self.record_layer_inputs, self.record_final_observation = record_layer_inputs, record_final_observation
         self.layer_inputs: list[torch.Tensor] = []
-        self._captured, self._recording = None, False
+        self.final_tails: list[tuple[list[int], torch.Tensor] | None] = []
+        self.branch_inputs: list[torch.Tensor | None] = []
+        self._captured, self._recording, self._branch_log = None, False, None
         if record_layer_inputs is not None:
             def capture(_module, args, kwargs):
                 if self._recording:
                     self._captured = args[0] if args else kwargs["hidden_states"]
+                    if self._branch_log is not None:  # a candidate-scoring forward (score_candidates)
+                        self._branch_log.append(self._captured)
             self.body.layers[record_layer_inputs].register_forward_pre_hook(capture, with_kwargs=True)
 
     def action_candidates(self, env) -> list[list[int]]:
@@ -275,6 +294,16 @@ class RolloutEngine:
                 if seg:
                     ep.layer_inputs.append(self._captured[row, width - len(seg):])
         return logits
+
+    def _feed_final_observations(self, live: list[_Episode]):
+        """Feed each truncated episode's unfed action tokens and final observation (`ep.tail`); the other rows feed
+        a masked pad. The action's inputs complete the record's; the observation's are kept apart."""
+        self._feed([ep.unfed + ep.tail if ep.tail else [] for ep in live], live)
+        for ep in live:
+            if ep.tail:
+                inputs = ep.layer_inputs.pop()
+                ep.layer_inputs.append(inputs[: len(ep.unfed)])
+                ep.tail_inputs, ep.unfed = inputs[len(ep.unfed):], []
 
     # -- acting ----------------------------------------------------------------------------------------
     def _act_free(self, logits: torch.Tensor, episodes: list[_Episode], generator):
@@ -305,7 +334,14 @@ class RolloutEngine:
     def _act_choice(self, logits: torch.Tensor, episodes: list[_Episode], generator):
         cfg = self.config
         candidates = self.action_candidates(episodes[0].env)
-        scores = score_candidates(self.model, self.kv.cache, self.kv.attn, logits, candidates, cfg.choice_token_norm)
+        self._branch_log = [] if self._recording else None
+        try:
+            scores = score_candidates(self.model, self.kv.cache, self.kv.attn, logits, candidates, cfg.choice_token_norm)
+        finally:
+            branch_log, self._branch_log = self._branch_log, None
+        if branch_log:  # one [rows, len - 1, hidden] per multi-token candidate, in candidate order
+            for row, ep in enumerate(episodes):
+                ep.branch_inputs.append(torch.cat([x[row] for x in branch_log]))
         action_logp = F.log_softmax(scores / (cfg.temperature or 1.0), -1)
         if cfg.temperature == 0:
             chosen = action_logp.argmax(-1)
@@ -356,6 +392,11 @@ class RolloutEngine:
                     keep.append(row)  # its next segment is queued behind the action's unfed tokens
                 else:
                     finished.append(ep)
+                    if self.record_final_observation and ep.termination == "truncated":
+                        ep.tail = self.chat.next_turn_ids(ep.turns[-1].observation,
+                                                          action_ended_with_eos=ended_with_eos[row])
+            if self.record_final_observation and any(ep.tail for ep in live):
+                self._feed_final_observations(live)
             if len(keep) < len(live):
                 if keep:
                     self.kv.keep(keep)
@@ -365,6 +406,8 @@ class RolloutEngine:
         finished.sort(key=lambda ep: order[id(ep)])
         if self.record_layer_inputs is not None:
             self.layer_inputs = [torch.cat(ep.layer_inputs) for ep in finished]
+            self.final_tails = [(ep.tail, ep.tail_inputs) if ep.tail else None for ep in finished]
+            self.branch_inputs = [torch.cat(ep.branch_inputs) if ep.branch_inputs else None for ep in finished]
         self._captured, self._recording = None, False
         return [episode_record(ep, policy_version) for ep in finished]
 
@@ -411,7 +454,7 @@ def _branch_layout(trajs: list[Trajectory]):
 
 def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperature: float = 1.0,
                     choice_token_norm: bool = False, layer_inputs: list[torch.Tensor] | None = None,
-                    from_layer: int = 0) -> UnitBatch:
+                    from_layer: int = 0, branch_inputs: list[torch.Tensor | None] | None = None) -> UnitBatch:
     """One packed forward over the records (right-padded), log-probs and entropies at the policy units.
 
     The LM head runs only at the positions that predict a policy token, not over the whole sequence.
@@ -419,7 +462,9 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     with a tree-shaped 4-D attention mask (see `_branch_layout`), still one forward. A 4-D mask (tree, or
     causal + padding for unequal lengths) is passed as one float tensor shared by all layers (`_shared_mask`).
     With `layer_inputs` (recorded by the rollout engine at decoder layer `from_layer`, below which the
-    model is frozen), only layers from `from_layer` up run: the lower layers' result is already known.
+    model is frozen), only layers from `from_layer` up run: the lower layers' result is already known. With
+    multi-token action names that needs the candidates' recorded inputs too (`branch_inputs`, from the same
+    engine); without them the forward starts at the embeddings.
     """
     device = next(model.parameters()).device
     body, head = _lm_parts(model)
@@ -456,8 +501,14 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     else:  # no padding: transformers drops the mask and runs the causal kernel
         attention_mask = torch.ones((len(trajs), width), dtype=torch.long, device=device)
     ids, pos = ids.to(device), pos.to(device)
-    if layer_inputs is not None and not multi:
-        hidden = _forward_from_layer(body, layer_inputs, from_layer, attention_mask, pos)
+    if layer_inputs is not None and (not multi or branch_inputs is not None):
+        branches = None
+        if multi:
+            branches = [(len(t.token_ids), b) for t, b in zip(trajs, branch_inputs)]
+            for (start, b), rows in zip(branches, layout):
+                if (0 if b is None else len(b)) != sum(n for *_, n in rows):
+                    raise ValueError("branch_inputs do not match the records' choice steps (another rollout's?)")
+        hidden = _forward_from_layer(body, layer_inputs, from_layer, attention_mask, pos, branches)
     else:
         # use_cache=False: a scoring/training forward needs no KV cache (building one only costs memory)
         hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).last_hidden_state
@@ -515,15 +566,19 @@ def _shared_mask(allowed: torch.Tensor, model, device) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).to(device)
 
 
-def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int, attention_mask, pos):
+def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int, attention_mask, pos, branches=None):
     """Run decoder layers `from_layer`.. (and the final norm) on recorded inputs of those layers.
 
     Tokens never fed during the rollout (each episode's last action) get zeros: nothing reads their output
-    and, attention being causal, they influence no earlier position.
+    and, attention being causal, they influence no earlier position. `branches`: per row (start, inputs or
+    None), the candidates' recorded inputs placed after the record (the tree layout of `_branch_layout`).
     """
     x = layer_inputs[0].new_zeros((len(layer_inputs), pos.shape[1], layer_inputs[0].shape[-1]))
     for i, states in enumerate(layer_inputs):
         x[i, : len(states)] = states
+    for i, (start, states) in enumerate(branches or []):
+        if states is not None:
+            x[i, start: start + len(states)] = states
     all_layers = body.layers
     body.layers = all_layers[from_layer:]
     try:

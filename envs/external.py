@@ -79,9 +79,11 @@ table `P`, expected return first, ties broken toward shorter expected episodes.
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import functools
 import hashlib
+import io
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -209,7 +211,8 @@ class GymTextAdapter(TextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        self._game.reset(seed=seed)
+        with contextlib.redirect_stdout(io.StringIO()):  # BabyAI's level generator prints every layout it rejects
+            self._game.reset(seed=seed)
         self._episode = EpisodeState(task_id=self._task_id(), start=self._start_state())
         return self._observation(None), {"env_version": self.env_version, "task_id": self._episode.task_id}
 

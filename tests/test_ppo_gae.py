@@ -172,7 +172,7 @@ def test_torchrun_two_ranks_stay_in_sync_with_a_separate_critic(tmp_path):
 
 def test_fsdp_takes_the_data_parallel_steps_with_a_separate_critic(tmp_path):
     """torchrun, 2 gloo ranks, separate critic LM, the KL reference, greedy evaluation, the top layer trained over a
-    frozen trunk (so truncated episodes take the extra V(s_T) forward, on whichever rank has them): --fsdp (the
+    frozen trunk (so the V_old pass reads truncated episodes' V(s_T) off the final observations the rollout fed): --fsdp (the
     policy's and the critic's decoder layers sharded) logs the same losses, gradient norms, returns and evaluation
     as plain data parallel, and saves the same policy, critic and value head, up to float noise."""
     flags = ["--model", "tiny", "--critic", "separate", "--trainable-layers", "1", "--total-iterations", "2",

@@ -184,6 +184,65 @@ def test_trainer_can_start_from_recorded_layer_inputs(tiny):
     assert ((full.entropy - partial.entropy).abs() * full.mask).max().item() < 1e-4
 
 
+def test_tree_scoring_can_start_from_recorded_candidate_inputs(tiny):
+    """Multi-token action names (BabyAI's "turn left", ...): with the candidates' scoring forwards recorded as well,
+    the trainer's tree-shaped forward starts at the frozen layer and gives the full forward's numbers; a record
+    from another rollout is refused, not silently misread."""
+    model, tok = tiny
+    engine = RolloutEngine(model, tok, RolloutConfig(action_mode="choice", choice_token_norm=True), record_layer_inputs=1)
+    trajs = engine.run([envs.make("babyai-gotoredball", max_steps=n) for n in (2, 4)], [0, 1], "babyai-gotoredball",
+                       generator=torch.Generator().manual_seed(2))
+    branch_tokens = sum(len(c) - 1 for c in trajs[0].choice_steps[0].candidates)
+    assert branch_tokens > 0 and [len(b) for b in engine.branch_inputs] == [
+        len(t.choice_steps) * branch_tokens for t in trajs]
+    with torch.no_grad():
+        full = policy_logprobs(model, trajs, "choice", 1.0, True)
+        partial = policy_logprobs(model, trajs, "choice", 1.0, True, engine.layer_inputs, 1, engine.branch_inputs)
+    behaviour = torch.tensor([[s.logprob for s in t.choice_steps] + [0.0] * (full.mask.shape[1] - len(t.choice_steps))
+                              for t in trajs])
+    assert ((full.logprobs - partial.logprobs).abs() * full.mask).max().item() < 1e-4
+    assert ((behaviour - partial.logprobs).abs() * full.mask).max().item() < 1e-4  # = the sampler's KV-cache scores
+    with pytest.raises(ValueError, match="do not match"):
+        policy_logprobs(model, trajs, "choice", 1.0, True, engine.layer_inputs, 1, engine.branch_inputs[::-1])
+
+
+@pytest.mark.parametrize("mode", ["free", "choice"])
+def test_final_observation_of_truncated_episodes_is_fed_with_its_trunk_inputs(tiny, mode):
+    """record_final_observation: a truncated episode's final observation goes through the KV cache, and its
+    layer inputs (plus the record's) are those of a full forward over record + tail; other episodes get none."""
+    model, tok = tiny
+    engine = RolloutEngine(model, tok, RolloutConfig(action_mode=mode, max_turn_tokens=3), record_layer_inputs=1,
+                           record_final_observation=True)
+    envs_ = [envs.make("gridworld", max_steps=n) for n in (2, 3, 30)]
+    trajs = engine.run(envs_, [0, 1, 2], "gridworld", generator=torch.Generator().manual_seed(2))
+    captured = {}
+    handle = model.get_decoder().layers[1].register_forward_pre_hook(
+        lambda _m, args, kwargs: captured.__setitem__("x", args[0] if args else kwargs["hidden_states"]),
+        with_kwargs=True)
+    try:
+        for traj, tail, inputs in zip(trajs, engine.final_tails, engine.layer_inputs):
+            if traj.termination != "truncated":
+                assert tail is None
+                continue
+            ids, tail_inputs = tail
+            ended = mode == "free" and traj.token_ids[-1] == engine.chat.eos_id
+            assert ids == engine.chat.next_turn_ids(traj.turns[-1].observation, action_ended_with_eos=ended)
+            assert len(inputs) == len(traj.token_ids) and len(tail_inputs) == len(ids)  # the last action was fed too
+            with torch.no_grad():
+                model(input_ids=torch.tensor([traj.token_ids + ids]))
+            full = captured["x"][0]
+            assert (torch.cat([inputs, tail_inputs]) - full).abs().max().item() < 1e-4
+    finally:
+        handle.remove()
+    assert sum(t.termination == "truncated" for t in trajs) >= 2
+    plain = RolloutEngine(model, tok, RolloutConfig(action_mode=mode, max_turn_tokens=3)).run(
+        [envs.make("gridworld", max_steps=n) for n in (2, 3, 30)], [0, 1, 2], "gridworld",
+        generator=torch.Generator().manual_seed(2))
+    assert [t.token_ids for t in plain] == [t.token_ids for t in trajs]  # the extra feed changes no episode
+    with pytest.raises(ValueError, match="needs record_layer_inputs"):
+        RolloutEngine(model, tok, RolloutConfig(), record_final_observation=True)
+
+
 class _SlowGridWorld(envs.gridworld.GridWorldEnv):
     """GridWorld whose step waits like a sandboxed one, counting how many steps run at the same time."""
 
