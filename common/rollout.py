@@ -71,37 +71,40 @@ def _lm_parts(model):
 def score_candidates(model, cache, attention_mask, last_logits, candidates: list[list[int]], token_norm: bool):
     """Joint log-prob of each candidate continuation after the cached prefix, for every row.
 
-    `last_logits` [n, V] are the logits at the prefix's last position. Each multi-token candidate needs one
-    forward of its tokens 1..m-1 for all rows on top of the cache, which is cropped back to the prefix
-    afterwards: the cache is never copied (repeating it once per candidate would need k times the cache's
-    memory, tens of GB for 25 long episodes with 6 actions). Returns scores [n, K] (with grad if the inputs
-    carry it); the cache is left as it was.
+    `last_logits` [n, V] are the logits at the prefix's last position. Tokens 1..m-1 of every multi-token
+    candidate go into one forward on top of the cache, side by side: a 4-D mask lets each candidate's
+    tokens see the prefix and its own earlier tokens only (the tree of `_branch_layout`), so one forward
+    scores them all. The cache is cropped back to the prefix afterwards, never copied (repeating it once
+    per candidate would need k times the cache's memory, tens of GB for 25 long episodes with 6 actions).
+    Returns scores [n, K] (with grad if the inputs carry it); the cache is left as it was.
     """
     first_logp = F.log_softmax(last_logits.float(), -1)
-    first = torch.tensor([c[0] for c in candidates], device=last_logits.device)
-    scores = first_logp[:, first]  # [n, K]
-    lengths = torch.tensor([len(c) for c in candidates], device=last_logits.device, dtype=scores.dtype)
-    body, head = _lm_parts(model)
-    extra = torch.zeros_like(scores)
-    for j, cand in enumerate(candidates):
-        if len(cand) == 1:
-            continue
-        # feed tokens 1..m-1 to get the log-probs of tokens 2..m
-        n, m = scores.shape[0], len(cand) - 1
-        feed = torch.tensor(cand[:-1], device=last_logits.device).expand(n, m)
-        targets = torch.tensor(cand[1:], device=last_logits.device).expand(n, m)
-        attn = torch.cat([attention_mask, attention_mask.new_ones((n, m))], 1)
-        pos = (attn.cumsum(1) - 1).clamp(min=0)[:, -m:]
-        prefix = cache.get_seq_length()
+    device = last_logits.device
+    scores = first_logp[:, torch.tensor([c[0] for c in candidates], device=device)]  # [n, K]
+    lengths = torch.tensor([len(c) for c in candidates], device=device, dtype=scores.dtype)
+    multi = [(j, c) for j, c in enumerate(candidates) if len(c) > 1]
+    if multi:
+        body, head = _lm_parts(model)
+        n, prefix = scores.shape[0], cache.get_seq_length()
+        feed = torch.tensor([t for _, c in multi for t in c[:-1]], device=device)  # [Q]
+        targets = torch.tensor([t for _, c in multi for t in c[1:]], device=device)
+        offset = torch.tensor([k for _, c in multi for k in range(len(c) - 1)], device=device)  # within its candidate
+        owner = torch.tensor([q for q, (_, c) in enumerate(multi) for _ in c[:-1]], device=device)
+        q_len = len(feed)
+        # [n, 1, Q, prefix + Q]: the prefix's real tokens, and the same candidate's tokens up to this one
+        block = (owner[:, None] == owner[None, :]) & (offset[None, :] <= offset[:, None])
+        allowed = torch.cat([attention_mask.bool()[:, None, None, :].expand(n, 1, q_len, prefix),
+                             block[None, None].expand(n, 1, q_len, q_len)], -1)
+        pos = attention_mask.sum(1, keepdim=True) + offset[None, :]  # real-token positions, as the cache counts
         try:
-            hidden = body(input_ids=feed, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                          use_cache=True).last_hidden_state
+            hidden = body(input_ids=feed.expand(n, q_len), attention_mask=_shared_mask(allowed, model, device),
+                          position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
         finally:
-            if cache.get_seq_length() > prefix:  # back to the prefix, for the next candidate and for the caller
+            if cache.get_seq_length() > prefix:  # back to the prefix, for the caller
                 cache.crop(prefix - cache.get_seq_length())
-        logp = F.log_softmax(head(hidden).float(), -1).gather(-1, targets[..., None]).squeeze(-1)
-        extra = extra.index_add(1, torch.tensor([j], device=extra.device), logp.sum(-1, keepdim=True))
-    scores = scores + extra
+        logp = F.log_softmax(head(hidden).float(), -1).gather(-1, targets.expand(n, q_len)[..., None]).squeeze(-1)
+        columns = torch.tensor([multi[q][0] for q in owner.tolist()], device=device)
+        scores = scores + torch.zeros_like(scores).index_add(1, columns, logp)
     if token_norm:
         scores = scores / lengths
     return scores
@@ -275,7 +278,7 @@ class RolloutEngine:
             def capture(_module, args, kwargs):
                 if self._recording:
                     self._captured = args[0] if args else kwargs["hidden_states"]
-                    if self._branch_log is not None:  # a candidate-scoring forward (score_candidates)
+                    if self._branch_log is not None:  # the candidate-scoring forward (score_candidates)
                         self._branch_log.append(self._captured)
             self.body.layers[record_layer_inputs].register_forward_pre_hook(capture, with_kwargs=True)
 
@@ -339,7 +342,7 @@ class RolloutEngine:
             scores = score_candidates(self.model, self.kv.cache, self.kv.attn, logits, candidates, cfg.choice_token_norm)
         finally:
             branch_log, self._branch_log = self._branch_log, None
-        if branch_log:  # one [rows, len - 1, hidden] per multi-token candidate, in candidate order
+        if branch_log:  # [rows, branch tokens, hidden]: every multi-token candidate's tokens 1..m-1, in order
             for row, ep in enumerate(episodes):
                 ep.branch_inputs.append(torch.cat([x[row] for x in branch_log]))
         action_logp = F.log_softmax(scores / (cfg.temperature or 1.0), -1)

@@ -297,6 +297,25 @@ def test_scoring_candidates_leaves_the_cache_as_it_was(tiny):
         logp = F.log_softmax(model(input_ids=torch.cat([ids, torch.tensor([[21, 22, 23]] * 2)], 1)).logits, -1)
     direct = logp[:, 3, 21] + logp[:, 4, 22] + logp[:, 5, 23]
     torch.testing.assert_close(first[:, 1], direct, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first[:, 2], logp[:, 3, 24] + F.log_softmax(model(input_ids=torch.cat(
+        [ids, torch.tensor([[24, 25]] * 2)], 1)).logits, -1)[:, 4, 25].detach(), atol=1e-5, rtol=1e-5)
+    # a left-padded row (as in a batch of unequal episodes) scores as if it were alone
+    padded, mask = torch.tensor([[0, 9, 10, 11], [5, 6, 7, 8]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    cache = DynamicCache()
+    out = model(input_ids=padded, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                past_key_values=cache, use_cache=True)
+    scores = score_candidates(model, cache, mask, out.logits[:, -1], candidates, token_norm=False)
+    alone = score_candidates(model, *_prefilled(model, torch.tensor([[9, 10, 11]])), candidates, token_norm=False)
+    torch.testing.assert_close(scores[:1], alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(scores[1:], first[:1], atol=1e-5, rtol=1e-5)
+
+
+def _prefilled(model, ids):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return cache, torch.ones_like(ids), out.logits[:, -1]
 
 
 def test_tree_mask_forward_keeps_no_per_layer_attention_matrix(tiny):
