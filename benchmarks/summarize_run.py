@@ -64,7 +64,9 @@ if __name__ == "__main__":
         update = list(np.add(update, value))
     episodes = settings.get("num_episodes") or settings.get("num_groups", 1) * settings.get("group_size", 1)
     split = f", of which values {np.mean(value):.1f} s" if len(value) == iters else ""
-    print(f"\nPer iteration ({episodes} episodes of at most 20 turns): "
+    steps = settings.get("max_episode_steps") or {"gridworld": 20}.get(settings.get("env_id"))  # 0: the env's default
+    limit = f" of at most {steps} turns" if steps else ""
+    print(f"\nPer iteration ({episodes} episodes{limit}): "
           f"mean {np.mean(rollout) + np.mean(update):.1f} s (rollout {np.mean(rollout):.1f} s, update {np.mean(update):.1f} s"
           f"{split}), first {rollout[0] + update[0]:.1f} s, last {rollout[-1] + update[-1]:.1f} s; rollout throughput "
           f"{np.mean(tok_s):.0f} tokens/s (prompt + observation + sampled tokens). {iters} iterations, "
