@@ -99,9 +99,10 @@ timed python algorithms/ppo_gae_agent.py --learning-rate 1e-4 --num-episodes 8 -
 python benchmarks/summarize_run.py "$(ls -d "$OUT"/gridworld__lr1e-4__* | tail -1)" --every 8
 
 if [ -n "${BABYAI:-}" ]; then
-  # 7. GLAM's setting: BabyAI GoToRedBall in choice mode, 24 steps, 16 greedy evaluation episodes on unseen layouts
+  # 7. GLAM's setting: BabyAI GoToRedBall in choice mode, 24 steps, 8 greedy evaluation episodes on unseen layouts
+  #    (the published run was stopped after iteration 6 and checkpointed every iteration; `--resume RUN` goes on)
   timed python algorithms/ppo_gae_agent.py --env-id babyai-gotoredball --max-episode-steps 24 --learning-rate 1e-4 \
-      --num-episodes 8 --total-iterations 25 --eval-episodes 16 --checkpoint-every 5 --exp-name lr1e-4 \
+      --num-episodes 8 --total-iterations 25 --eval-episodes 8 --checkpoint-every 1 --exp-name lr1e-4 \
       --output-dir "$OUT/babyai"
   python benchmarks/summarize_run.py "$(ls -d "$OUT"/babyai/babyai-gotoredball__lr1e-4__* | tail -1)" --every 8
 fi
