@@ -256,20 +256,16 @@ def episode_steps(traj: Trajectory, action_mode: str, level: str, gamma: float):
 def units_and_values(model, value_head, trajs, positions, action_mode, temperature, token_norm, trunk=(None, 0)):
     """One packed forward (common.rollout.policy_logprobs) giving the policy units *and* V at `positions`.
 
-    The values are read from the same final hidden states the LM head uses (captured at the final norm),
-    so the shared-trunk critic costs one linear layer. Returns (UnitBatch, values [B, S], step mask [B, S]).
+    The values are read from the same final hidden states the LM head uses (`units.hidden`, which starts at
+    record position `units.hidden_start` when the records' common prompt ran apart), so the shared-trunk critic
+    costs one linear layer. Returns (UnitBatch, values [B, S], step mask [B, S]).
     """
-    captured = {}
-    handle = model.get_decoder().norm.register_forward_hook(lambda _m, _i, out: captured.__setitem__("h", out))
-    try:
-        units = policy_logprobs(model, trajs, action_mode, temperature, token_norm, *trunk)
-    finally:
-        handle.remove()
-    hidden = captured["h"]
+    units = policy_logprobs(model, trajs, action_mode, temperature, token_norm, *trunk)
+    hidden = units.hidden
     width = max(1, max(len(p) for p in positions))
     index, mask = torch.zeros((len(trajs), width), dtype=torch.long), torch.zeros((len(trajs), width))
-    for i, p in enumerate(positions):
-        index[i, : len(p)], mask[i, : len(p)] = torch.tensor(p, dtype=torch.long), 1.0
+    for i, p in enumerate(positions):  # positions read are after the prompt, so never inside a shared prefix
+        index[i, : len(p)], mask[i, : len(p)] = torch.tensor(p, dtype=torch.long) - units.hidden_start, 1.0
     index, mask = index.to(hidden.device), mask.to(hidden.device)
     h = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     return units, value_head(h.float()).squeeze(-1) * mask, mask

@@ -10,6 +10,8 @@
     `choice` mode scores every action name of the environment in one batched step on top of the cache
     (GLAM, Carta et al. 2023; TWOSOME's token-count normalisation optional, Tan et al. 2024) and samples
     an action from that distribution, so it is never invalid;
+  * the first prompts' longest common prefix (a group's whole prompt, or a shared system prompt) is prefilled
+    once and its cache rows repeated, so G episodes of one task cost one prompt prefill, not G;
   * finished episodes leave the batch (their cache rows are dropped);
   * environments that wait on a subprocess to step (`parallel_step`, e.g. codegen's sandbox) are stepped
     concurrently, up to `env_workers` at a time, so a batch's submissions are graded in parallel;
@@ -35,6 +37,9 @@ from common.chat import ChatFormat
 from common.records import ChoiceStep, Trajectory, Turn
 
 
+MIN_SHARED_PREFIX = 8  # tokens: a shorter common prefix is not worth a separate forward
+
+
 @dataclass
 class RolloutConfig:
     action_mode: str = "free"  # "free" | "choice"
@@ -44,6 +49,7 @@ class RolloutConfig:
     max_total_tokens: int = 4096  # per-episode cap on the whole sequence; hitting it ends the episode as truncated
     choice_token_norm: bool = False  # TWOSOME: divide each action's log-prob by its token count
     env_workers: int = 8  # threads stepping a batch's environments at once when they set `parallel_step`
+    share_prompt_prefix: bool = True  # prefill the first prompts' common prefix once (a GRPO group: the whole prompt)
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, generator=None):
@@ -298,6 +304,26 @@ class RolloutEngine:
                     ep.layer_inputs.append(self._captured[row, width - len(seg):])
         return logits
 
+    def _feed_shared_prefix(self, live: list[_Episode]):
+        """Prefill the first prompts' longest common prefix once, then repeat its cache row for every episode.
+
+        At least one token of each prompt is left to feed, so the first feed still returns every row's logits.
+        """
+        prompts = [ep.unfed for ep in live]
+        limit = min(len(p) for p in prompts) - 1
+        shared = 0
+        while shared < limit and all(p[shared] == prompts[0][shared] for p in prompts):
+            shared += 1
+        if shared < MIN_SHARED_PREFIX:
+            return
+        self._feed([prompts[0][:shared]], live[:1])
+        if self.record_layer_inputs is not None:  # every episode's record starts with the same layer inputs
+            for ep in live[1:]:
+                ep.layer_inputs.append(live[0].layer_inputs[0])
+        self.kv.keep([0] * len(live))
+        for ep in live:
+            ep.unfed = ep.unfed[shared:]
+
     def _feed_final_observations(self, live: list[_Episode]):
         """Feed each truncated episode's unfed action tokens and final observation (`ep.tail`); the other rows feed
         a masked pad. The action's inputs complete the record's; the observation's are kept apart."""
@@ -380,6 +406,8 @@ class RolloutEngine:
         finished: list[_Episode] = []
         while live:
             t0 = time.perf_counter()
+            if cfg.share_prompt_prefix and not finished and not live[0].turns and len(live) > 1:  # first turn
+                self._feed_shared_prefix(live)
             logits = self._feed([ep.unfed for ep in live], live)
             for ep in live:
                 ep.unfed = []
@@ -421,6 +449,9 @@ class UnitBatch:
     logprobs: torch.Tensor  # current policy log-prob of the unit
     entropy: torch.Tensor  # entropy of the distribution the unit was drawn from
     mask: torch.Tensor  # 1 where a unit exists
+    hidden: torch.Tensor | None = None  # final hidden states (after the norm) of the forward, [B, L - hidden_start, H]
+    hidden_start: int = 0  # the record position of hidden[:, 0]: > 0 when a shared prefix ran apart (a value head
+    # reads position j at hidden[:, j - hidden_start])
 
 
 def behavior_units(trajs: list[Trajectory], action_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -457,7 +488,8 @@ def _branch_layout(trajs: list[Trajectory]):
 
 def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperature: float = 1.0,
                     choice_token_norm: bool = False, layer_inputs: list[torch.Tensor] | None = None,
-                    from_layer: int = 0, branch_inputs: list[torch.Tensor | None] | None = None) -> UnitBatch:
+                    from_layer: int = 0, branch_inputs: list[torch.Tensor | None] | None = None,
+                    share_prefix: bool = True) -> UnitBatch:
     """One packed forward over the records (right-padded), log-probs and entropies at the policy units.
 
     The LM head runs only at the positions that predict a policy token, not over the whole sequence.
@@ -468,6 +500,12 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     model is frozen), only layers from `from_layer` up run: the lower layers' result is already known. With
     multi-token action names that needs the candidates' recorded inputs too (`branch_inputs`, from the same
     engine); without them the forward starts at the embeddings.
+
+    `share_prefix`: the records' longest common prefix before their first policy unit (a GRPO group's prompt)
+    runs once, at batch 1, and every row's remainder attends to its repeated KV cache; gradients from all rows
+    meet in that one prefix forward. Same numbers as the plain forward, at a fraction of the tokens. Off by
+    itself where it cannot apply: one record, multi-token action names (the tree layout), layers under
+    gradient checkpointing (they drop the cache) or sharded by FSDP2 (one forward of a layer per backward).
     """
     device = next(model.parameters()).device
     body, head = _lm_parts(model)
@@ -476,6 +514,7 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     layout = _branch_layout(trajs) if multi else [[] for _ in trajs]
     lengths = [len(t.token_ids) + sum(n for *_, n in rows) for t, rows in zip(trajs, layout)]
     width = max(lengths)
+    shared = _shared_prefix_length(body, trajs) if share_prefix and not multi else 0
     ids = torch.zeros((len(trajs), width), dtype=torch.long)
     pos = torch.zeros_like(ids)
     for i, (t, rows) in enumerate(zip(trajs, layout)):
@@ -496,6 +535,11 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
                 allowed[i, 0, start: start + n, start: start + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
             allowed[i, 0, lengths[i]:, 0] = True  # padding rows attend somewhere (their output is unused)
         attention_mask = _shared_mask(allowed, model, device)
+    elif shared:  # the remainders: every row sees the whole prefix, then itself causally, up to its length
+        key = torch.arange(shared, width)
+        causal = (key[None, :] <= key[:, None])[None, None] & (key[None, None, None, :] < torch.tensor(lengths)[:, None, None, None])
+        allowed = torch.cat([torch.ones((len(trajs), 1, width - shared, shared), dtype=torch.bool), causal], -1)
+        attention_mask = _shared_mask(allowed, model, device)
     elif min(lengths) < width:  # right padding: causal and key-padding, as transformers builds it from a 2-D mask
         key = torch.arange(width)
         causal = (key[None, :] <= key[:, None])[None, None]  # [1, 1, query, key]
@@ -504,17 +548,32 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     else:  # no padding: transformers drops the mask and runs the causal kernel
         attention_mask = torch.ones((len(trajs), width), dtype=torch.long, device=device)
     ids, pos = ids.to(device), pos.to(device)
-    if layer_inputs is not None and (not multi or branch_inputs is not None):
+    from_trunk = layer_inputs is not None and (not multi or branch_inputs is not None)
+    cache = None
+    if shared:  # the prefix once, at batch 1; its keys and values repeated for every row (autograd sums the rows)
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        prefix_pos = pos[:1, :shared]
+        if from_trunk:
+            _forward_from_layer(body, [layer_inputs[0][:shared]], from_layer, None, prefix_pos, cache=cache)
+        else:
+            body(input_ids=ids[:1, :shared], position_ids=prefix_pos, past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(len(trajs))
+        ids, pos = ids[:, shared:], pos[:, shared:]
+        layer_inputs = [x[shared:] for x in layer_inputs] if from_trunk else None
+    if from_trunk:
         branches = None
         if multi:
             branches = [(len(t.token_ids), b) for t, b in zip(trajs, branch_inputs)]
             for (start, b), rows in zip(branches, layout):
                 if (0 if b is None else len(b)) != sum(n for *_, n in rows):
                     raise ValueError("branch_inputs do not match the records' choice steps (another rollout's?)")
-        hidden = _forward_from_layer(body, layer_inputs, from_layer, attention_mask, pos, branches)
+        hidden = _forward_from_layer(body, layer_inputs, from_layer, attention_mask, pos, branches, cache)
     else:
-        # use_cache=False: a scoring/training forward needs no KV cache (building one only costs memory)
-        hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).last_hidden_state
+        # use_cache=False without a prefix: a scoring/training forward needs no KV cache (building one costs memory)
+        hidden = body(input_ids=ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
+                      use_cache=cache is not None).last_hidden_state
     rows_lp, rows_ent = [], []
     for i, t in enumerate(trajs):
         if action_mode == "choice" and not t.choice_steps:
@@ -523,7 +582,7 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
             # an episode's steps share one candidate list: the environment's action names
             steps, candidates = t.choice_steps, t.choice_steps[0].candidates
             positions = torch.tensor([s.position for s in steps], device=device)
-            first_logp = F.log_softmax(head(hidden[i, positions - 1]).float(), -1)
+            first_logp = F.log_softmax(head(hidden[i, positions - 1 - shared]).float(), -1)  # hidden starts at `shared`
             scores = first_logp[:, [c[0] for c in candidates]]  # [S, K]
             if multi:
                 extra = torch.zeros_like(scores)
@@ -541,9 +600,9 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
             ent = list((-(action_logp.exp() * action_logp).sum(-1)).unbind())
         else:
             positions = torch.tensor([j for j, m in enumerate(t.source_mask) if m], device=device)
-            logits = head(hidden[i, positions - 1]).float() / temp
+            logits = head(hidden[i, positions - 1 - shared]).float() / temp
             logp_all = F.log_softmax(logits, -1)
-            lp = list(logp_all.gather(-1, ids[i, positions][:, None]).squeeze(-1).unbind())
+            lp = list(logp_all.gather(-1, ids[i, positions - shared][:, None]).squeeze(-1).unbind())
             ent = list((-(logp_all.exp() * logp_all).sum(-1)).unbind())
         rows_lp.append(lp)
         rows_ent.append(ent)
@@ -551,7 +610,7 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     zero = hidden.new_zeros(())
     pad = lambda r: torch.stack(list(r) + [zero] * (units - len(r)))
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (units - len(r)) for r in rows_lp], device=device)
-    return UnitBatch(torch.stack([pad(r) for r in rows_lp]), torch.stack([pad(r) for r in rows_ent]), mask)
+    return UnitBatch(torch.stack([pad(r) for r in rows_lp]), torch.stack([pad(r) for r in rows_ent]), mask, hidden, shared)
 
 
 def _shared_mask(allowed: torch.Tensor, model, device) -> torch.Tensor:
@@ -569,12 +628,31 @@ def _shared_mask(allowed: torch.Tensor, model, device) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).to(device)
 
 
-def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int, attention_mask, pos, branches=None):
+def _shared_prefix_length(body, trajs: list[Trajectory]) -> int:
+    """How many leading tokens every record shares before its first policy unit, less one; 0 when sharing them
+    does not apply (see `policy_logprobs`). Every position whose output is read (the one before each policy
+    unit) stays outside the prefix."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if len(trajs) < 2 or any(isinstance(layer, FSDPModule) or (getattr(layer, "gradient_checkpointing", False)
+                                                               and layer.training) for layer in body.layers):
+        return 0
+    first_unit = min(next((j for j, m in enumerate(t.source_mask) if m), len(t.token_ids)) for t in trajs)
+    limit, ref = first_unit - 1, trajs[0].token_ids
+    shared = 0
+    while shared < limit and all(t.token_ids[shared] == ref[shared] for t in trajs):
+        shared += 1
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
+def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int, attention_mask, pos, branches=None,
+                        cache=None):
     """Run decoder layers `from_layer`.. (and the final norm) on recorded inputs of those layers.
 
     Tokens never fed during the rollout (each episode's last action) get zeros: nothing reads their output
     and, attention being causal, they influence no earlier position. `branches`: per row (start, inputs or
     None), the candidates' recorded inputs placed after the record (the tree layout of `_branch_layout`).
+    `cache`: a KV cache to extend (its entries sit at the layers' own indices).
     """
     x = layer_inputs[0].new_zeros((len(layer_inputs), pos.shape[1], layer_inputs[0].shape[-1]))
     for i, states in enumerate(layer_inputs):
@@ -585,7 +663,8 @@ def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int,
     all_layers = body.layers
     body.layers = all_layers[from_layer:]
     try:
-        return body(inputs_embeds=x, attention_mask=attention_mask, position_ids=pos, use_cache=False).last_hidden_state
+        return body(inputs_embeds=x, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
+                    use_cache=cache is not None).last_hidden_state
     finally:
         body.layers = all_layers
 

@@ -29,10 +29,15 @@ def only_run_dir(out_dir: Path) -> Path:
 
 
 def assert_fsdp_matches_data_parallel(script: str, tmp_path: Path, flags: list[str], tags: tuple[str, ...],
-                                      saved: tuple[str, ...] = ("model",), **run_kwargs) -> tuple[dict, dict]:
+                                      saved: tuple[str, ...] = ("model",), weight_atol: float = 1e-5,
+                                      **run_kwargs) -> tuple[dict, dict]:
     """Runs `script` on 2 ranks without and with `--fsdp` (`flags` must include --save-model); every tag in `tags`
     must be logged at the same steps with the same values (float noise: rel 1e-4), and each saved model folder in
-    `saved` must hold the same tensors. Returns (fsdp scalars, data-parallel scalars)."""
+    `saved` must hold the same tensors (rel 1e-4, abs `weight_atol`). Returns (fsdp scalars, data-parallel scalars).
+
+    The two runs do not round alike: plain data parallel runs a group's shared prompt once (`policy_logprobs`'s
+    shared prefix), FSDP runs whole sequences. AdamW's normalised step turns that noise into up to a sizeable
+    fraction of a step on the few weights whose gradients are near zero; a test at a high learning rate allows it."""
     from safetensors.torch import load_file
 
     # both runs at once (torchrun gives each rank 1 thread): start-up is mostly importing torch, so this halves the wait
@@ -52,5 +57,5 @@ def assert_fsdp_matches_data_parallel(script: str, tmp_path: Path, flags: list[s
         sharded, whole = (load_file(str(dirs[name] / folder / "model.safetensors")) for name in ("fsdp", "ddp"))
         assert set(sharded) == set(whole), folder
         for key, value in whole.items():
-            torch.testing.assert_close(sharded[key], value, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(sharded[key], value, rtol=1e-4, atol=weight_atol)
     return got, expected

@@ -314,7 +314,7 @@ def test_fsdp_takes_the_data_parallel_steps(tmp_path):
     _, expected = assert_fsdp_matches_data_parallel(
         "rlef.py", tmp_path, flags, ("losses/sft_loss", "losses/policy_loss", "diagnostics/grad_norm",
                                      "charts/episodic_return", "diagnostics/logprob_mismatch", "eval/mean_reward"),
-        cwd=tmp_path, env=env)
+        weight_atol=5e-4, cwd=tmp_path, env=env)  # 5% of one AdamW step at lr 1e-2 (seen: 1.1e-4 on 3 of 16,576)
     assert [v for _, v in expected["diagnostics/zero_variance_groups"]] == [0.5, 0.5]  # rank 1's group, dropped
     assert all(v > 0 for _, v in expected["diagnostics/grad_norm"])
 

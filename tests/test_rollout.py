@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import envs
 import envs.gridworld
 from common.chat import ChatFormat
-from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs, sample_from_logits
+from common.rollout import (RolloutConfig, RolloutEngine, _shared_prefix_length, behavior_units, policy_logprobs,
+                            sample_from_logits)
 
 
 def run(model_tok, mode, n=3, seed=0, **cfg):
@@ -377,3 +378,100 @@ def test_shared_float_mask_gives_the_boolean_masks_numbers_exactly(tiny, mode, m
     assert new.mask.sum() > 0
     assert torch.equal(new.logprobs, old.logprobs) and torch.equal(new.entropy, old.entropy)
     assert all(torch.equal(a, b) for a, b in zip(new_grads, old_grads))
+
+
+def layer_tokens(model, layer: int = 0):
+    """A counter of the (row x position) slots that enter a decoder layer, to see what a feature saves."""
+    seen = {"tokens": 0}
+
+    def count(_module, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        seen["tokens"] += x.shape[0] * x.shape[1]
+    return seen, model.get_decoder().layers[layer].register_forward_pre_hook(count, with_kwargs=True)
+
+
+@pytest.mark.parametrize("env_id", ["gridworld", "gridworld-procedural"])
+def test_shared_prompt_prefill_gives_the_records_of_separate_prefills(tiny, env_id):
+    """Prefilling the prompts' common prefix once (a group's whole prompt on the fixed layout, the system prompt on
+    procedural layouts) changes no record, no recorded trunk input, and processes fewer tokens."""
+    model, tok = tiny
+    out = {}
+    for share in (False, True):
+        engine = RolloutEngine(model, tok, RolloutConfig(action_mode="free", max_turn_tokens=4, share_prompt_prefix=share),
+                               record_layer_inputs=1)
+        seen, hook = layer_tokens(model)
+        try:
+            trajs = engine.run([envs.make(env_id, max_steps=12) for _ in range(4)], [0, 1, 2, 3], env_id,
+                               generator=torch.Generator().manual_seed(4))
+        finally:
+            hook.remove()
+        out[share] = trajs, engine.layer_inputs, seen["tokens"]
+    (plain, plain_inputs, plain_tokens), (shared, shared_inputs, shared_tokens) = out[False], out[True]
+    prompts = [t.token_ids[: t.prompt_length] for t in plain]
+    common = 0
+    while all(len(p) > common and p[common] == prompts[0][common] for p in prompts):
+        common += 1
+    assert common > 50 and (env_id == "gridworld") == (common == len(prompts[0]))  # what there is to share
+    assert plain_tokens - shared_tokens >= 3 * (min(common, len(prompts[0]) - 1) - 1)  # fed once, not 4 times
+    for a, b, x, y in zip(plain, shared, plain_inputs, shared_inputs):
+        assert a.token_ids == b.token_ids and a.source_mask == b.source_mask
+        assert max(abs(p - q) for p, q in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-5
+        assert x.shape == y.shape and (x - y).abs().max().item() < 1e-5
+
+
+def scores_and_grads(model, trajs, mode, share, **kwargs):
+    model.zero_grad()
+    units = policy_logprobs(model, trajs, mode, 1.0, False, share_prefix=share, **kwargs)
+    ((units.logprobs + 0.1 * units.entropy) * units.mask).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad()
+    return units, grads
+
+
+@pytest.mark.parametrize("trunk", [False, True])
+def test_shared_prefix_scoring_gives_the_plain_forwards_numbers_and_gradients(tiny, trunk):
+    """policy_logprobs runs the records' common prompt prefix once and the rest against its repeated KV cache: same
+    log-probs, entropies and parameter gradients as one plain forward of the whole records, for fewer tokens; from
+    the embeddings and from recorded trunk inputs; and it steps aside under gradient checkpointing."""
+    model, tok = tiny
+    engine = RolloutEngine(model, tok, RolloutConfig(action_mode="free", max_turn_tokens=4), record_layer_inputs=1)
+    trajs = engine.run([envs.make("gridworld-procedural", max_steps=n) for n in (12, 14, 16)], [0, 1, 2],
+                       generator=torch.Generator().manual_seed(5))
+    kwargs = {"layer_inputs": engine.layer_inputs, "from_layer": 1} if trunk else {}
+    model.train()
+    try:
+        seen, hook = layer_tokens(model, -1)
+        plain, plain_grads = scores_and_grads(model, trajs, "free", False, **kwargs)
+        shared, shared_grads = scores_and_grads(model, trajs, "free", True, **kwargs)
+        hook.remove()
+        # the top layer saw the prefix once: the plain forward's width x 3 rows, twice, minus 2 prefixes
+        assert seen["tokens"] < 2 * 3 * max(len(t.token_ids) for t in trajs) - 2 * 50
+        assert torch.equal(plain.mask, shared.mask)
+        assert ((plain.logprobs - shared.logprobs).abs() * plain.mask).max().item() < 1e-5
+        assert ((plain.entropy - shared.entropy).abs() * plain.mask).max().item() < 1e-5
+        assert (plain_grads - shared_grads).norm().item() < 1e-5 * plain_grads.norm().item()
+        assert _shared_prefix_length(model.get_decoder(), trajs) > 50
+        model.gradient_checkpointing_enable()  # checkpointed layers drop the KV cache: the plain forward runs
+        assert _shared_prefix_length(model.get_decoder(), trajs) == 0
+        seen, hook = layer_tokens(model)
+        checkpointed, _ = scores_and_grads(model, trajs, "free", True, **kwargs)
+        hook.remove()
+        assert ((plain.logprobs - checkpointed.logprobs).abs() * plain.mask).max().item() < 1e-5
+    finally:
+        model.gradient_checkpointing_disable()
+        model.eval()
+
+
+def test_shared_prefix_scoring_in_choice_mode_with_smollm2(smollm2):
+    """Choice mode with single-token action names (SmolLM2's GridWorld moves): shared-prefix scoring from the frozen
+    trunk matches the plain forward and the sampler's action log-probs."""
+    model, tok = smollm2
+    engine = RolloutEngine(model, tok, RolloutConfig(action_mode="choice"), record_layer_inputs=28)
+    trajs = engine.run([envs.make("gridworld", max_steps=3) for _ in range(3)], [0, 1, 2],
+                       generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        plain = policy_logprobs(model, trajs, "choice", share_prefix=False)
+        shared = policy_logprobs(model, trajs, "choice", 1.0, False, engine.layer_inputs, 28)
+    behaviour, mask = behavior_units(trajs, "choice")
+    assert ((plain.logprobs - shared.logprobs).abs() * mask).max().item() < 1e-4
+    assert ((behaviour - shared.logprobs).abs() * mask).max().item() < 1e-4
