@@ -60,7 +60,7 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
 def main_job() -> str:
     """The README's main job (grpo_agent.py, defaults), from the summary benchmarks/summarize_run.py wrote."""
     text = (RESULTS / "grpo_agent_gridworld.md").read_text()
-    run1 = text.split("## Run 2")[0]
+    run1 = text.split("## Main job")[1].split("\n## ")[0]
     header, *rows = markdown_tables(run1)[0]
     col = {name: i for i, name in enumerate(header)}
     evals = [r for r in rows if r[col["greedy success"]]]
@@ -166,7 +166,8 @@ def performance() -> str:
         commit = re.search(r"Git commit (\w+)", section).group(1)
         lines.append(f"| {title} | {ratio} | {load.group(1)} / {load.group(2)} | {commit} |")
     return "\n".join(lines + ["", "Each ratio compares methods run back to back in one invocation on the shared 2-core "
-                              "CPU (absolute times in the files). Sources: `python benchmarks/rollout_speed.py`, "
+                              "CPU (absolute times in the files). The GRPO rows before commit 092a660 predate the shared "
+                              "prompt prefix (docs/grpo_agent.md item 16). Sources: `python benchmarks/rollout_speed.py`, "
                               "[rollout_speed.md](benchmarks/results/rollout_speed.md); `python benchmarks/vs_trl.py`, "
                               "[vs_trl.md](benchmarks/results/vs_trl.md)."])
 
