@@ -429,15 +429,18 @@ if __name__ == "__main__":
         zero_var = (spread < 1e-8).repeat_interleave(args.group_size)
         keep = [i for i in range(len(trajs)) if not (args.filter_zero_variance and zero_var[i])]
         train_trajs, train_adv = [trajs[i] for i in keep], advantages[keep].to(device)
-        train_inputs = [engine.layer_inputs[i] for i in keep] if frozen_below is not None else None
+        # the frozen trunk's output per episode, and its candidate-scoring inputs (multi-token action names) or None
+        trunk_inputs = list(zip(engine.layer_inputs, engine.branch_inputs)) if frozen_below is not None else None
+        train_inputs = [trunk_inputs[i] for i in keep] if trunk_inputs is not None else None
         replay = []  # self-imitation: past episodes of a task that beat its group's mean return, weight (R - mean)_+
         if memory is not None:
             for g in range(args.num_groups):
                 replay += memory.replay(trajs[g * args.group_size].task_id, float(returns[g].mean()))
-            memory.add(trajs, engine.layer_inputs if frozen_below is not None else None)
+            memory.add(trajs, trunk_inputs)
             train_trajs = train_trajs + [t for t, _, _ in replay]
             train_adv = torch.cat([train_adv, args.sil_coef * torch.tensor([w for *_, w in replay], device=device)])
-            train_inputs = train_inputs + [x for _, x, _ in replay] if train_inputs is not None else None
+            train_inputs = train_inputs + [x if isinstance(x, tuple) else (x, None) for _, x, _ in replay] \
+                if train_inputs is not None else None  # (a bare tensor: a memory saved before branch inputs were kept)
         replayed = torch.arange(len(train_trajs), device=device) >= len(train_trajs) - len(replay)
 
         # ---- update: clipped surrogate over policy units (eq. 12.19), micro-batched ----
@@ -463,7 +466,8 @@ if __name__ == "__main__":
                 most = torch.tensor(len(chunks), device=device)
                 dist.all_reduce(most, op=dist.ReduceOp.MAX)
                 chunks += [None] * (int(most) - len(chunks))  # None: a zero-weight pass over this rank's first episode
-            trunk = lambda c: ([train_inputs[i] for i in c], frozen_below) if train_inputs else (None, 0)  # noqa: E731
+            trunk = lambda c: ([train_inputs[i][0] for i in c], frozen_below,  # noqa: E731
+                               [train_inputs[i][1] for i in c]) if train_inputs else (None, 0, None)
             ref_logp = torch.zeros_like(old_logp)
             if ref_model is not None:
                 tr = time.time()
@@ -480,7 +484,8 @@ if __name__ == "__main__":
                 for c in chunks:
                     if c is None:
                         pad = policy_logprobs(model, trajs[:1], args.action_mode, args.temperature, args.choice_token_norm,
-                                              *(([engine.layer_inputs[0]], frozen_below) if train_inputs is not None else (None, 0)))
+                                              *(([trunk_inputs[0][0]], frozen_below, [trunk_inputs[0][1]])
+                                                if train_inputs is not None else (None, 0, None)))
                         (pad.logprobs.sum() * 0).backward()
                         continue
                     with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside

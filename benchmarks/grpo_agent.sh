@@ -69,3 +69,13 @@ if [ -n "${SIL:-}" ]; then
   timed python algorithms/grpo_agent.py --total-iterations 62 --novelty-coef 0.1 --sil-coef 1.0 --eval-episodes 4 \
       --checkpoint-every 5 --exp-name sil1.0 --output-dir "$OUT/sil"
 fi
+
+if [ -n "${FREE:-}" ]; then
+  # Run 8 of benchmarks/results/grpo_agent_gridworld.md: free mode (the model writes its move as text), toward the
+  # issue-9 free-mode target: >= 95% goal rate and >= 4.0 greedy return within 1,000 episodes, the cold start
+  # included (15 SFT steps x 8 format demonstrations = 120 demonstration episodes, then 110 iterations x 8 = 880).
+  # T = 1: after the cold start nearly all of the next-token mass is on the four moves, and T = 2 would hand a
+  # large share of it back to the ~49k other tokens (invalid replies). Run 7's exploration: novelty bonus + SIL.
+  timed python algorithms/grpo_agent.py --action-mode free --sft-steps 15 --temperature 1.0 --novelty-coef 0.1 \
+      --sil-coef 1.0 --total-iterations 110 --eval-episodes 4 --checkpoint-every 5 --exp-name free_sil --output-dir "$OUT/free"
+fi

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-
-import torch
+from typing import Any
 
 from common.offline import state_key
 from common.records import Trajectory
@@ -52,20 +51,21 @@ class SelfImitationMemory:
     (R - V)_+: an episode stops being replayed once the policy does as well. Episodes are distinct by their
     action sequence; among equal returns the earlier one stays. Only tasks that recur (a fixed layout)
     are ever replayed, so the memory keeps the `max_tasks` most recently seen tasks only. `layer_inputs`
-    (the frozen trunk's output, `RolloutEngine(record_layer_inputs=)`) travel with their episode."""
+    (whatever the caller keeps per episode, e.g. the frozen trunk's output of `RolloutEngine(record_layer_inputs=)`)
+    travel with their episode."""
 
     def __init__(self, per_task: int, max_tasks: int = 16):
         self.per_task, self.max_tasks = per_task, max_tasks
-        self.best: OrderedDict[str, list[tuple[Trajectory, torch.Tensor | None]]] = OrderedDict()
+        self.best: OrderedDict[str, list[tuple[Trajectory, Any]]] = OrderedDict()
 
     @staticmethod
     def _actions(traj: Trajectory) -> tuple[str, ...]:
         return tuple(turn.action_text for turn in traj.turns)
 
-    def replay(self, task_id: str, baseline: float) -> list[tuple[Trajectory, torch.Tensor | None, float]]:
+    def replay(self, task_id: str, baseline: float) -> list[tuple[Trajectory, Any, float]]:
         return [(t, x, t.return_ - baseline) for t, x in self.best.get(task_id, []) if t.return_ > baseline]
 
-    def add(self, trajs: list[Trajectory], layer_inputs: list[torch.Tensor] | None = None) -> None:
+    def add(self, trajs: list[Trajectory], layer_inputs: list | None = None) -> None:
         for i, traj in enumerate(trajs):
             entries = self.best.setdefault(traj.task_id, [])
             self.best.move_to_end(traj.task_id)

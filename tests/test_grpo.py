@@ -187,6 +187,34 @@ def test_grpo_learns_gridworld_on_tiny(tmp_path):
     assert after >= before + 0.3, success
 
 
+def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypatch):
+    """BabyAI's action names are several tokens ("turn left"): the update runs the tree-shaped scoring forward from
+    the frozen layer on the rollout's recorded trunk and branch inputs (not all layers from the embeddings), and its
+    log-probs are the sampler's. (With self-imitation on, the memory stores both inputs per episode.)"""
+    import runpy
+
+    from common import rollout
+
+    calls = []
+    real = rollout._forward_from_layer
+
+    def counting(body, layer_inputs, from_layer, *args, **kwargs):
+        calls.append((from_layer, len(layer_inputs), (args[2] if len(args) > 2 else kwargs.get("branches")) is not None))
+        return real(body, layer_inputs, from_layer, *args, **kwargs)
+
+    monkeypatch.setattr(rollout, "_forward_from_layer", counting)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "algorithms" / "grpo_agent.py"), "--output-dir", str(tmp_path),
+                                      "--model", "tiny", "--env-id", "babyai-gotoredball", "--trainable-layers", "1",
+                                      "--total-iterations", "2", "--group-size", "2", "--eval-every", "0",
+                                      "--max-total-tokens", "1400", "--sil-coef", "1.0", "--no-filter-zero-variance"])
+    runpy.run_path(str(ROOT / "algorithms" / "grpo_agent.py"), run_name="__main__")
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    scalars = read_scalars(run_dir)
+    assert calls and all(from_layer == 1 and with_branches for from_layer, _, with_branches in calls), calls
+    assert len(calls) == 2 * 2  # 2 iterations x 2 epochs, one micro-batch each
+    assert max(v for _, v in scalars["diagnostics/logprob_mismatch"]) < 1e-4
+
+
 def test_smoke_one_iteration_with_smollm2(tmp_path, smollm2):
     """The embedded default model: one GRPO iteration on CPU completes and writes TensorBoard scalars."""
     run_dir, out = run_grpo(tmp_path, "--model", "smollm2-135m", "--total-iterations", "1", "--group-size", "2",
