@@ -537,7 +537,7 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
         attention_mask = _shared_mask(allowed, model, device)
     elif shared:  # the remainders: every row sees the whole prefix, then itself causally, up to its length
         key = torch.arange(shared, width)
-        causal = (key[None, :] <= key[:, None])[None, None] & (key[None, None, None, :] < torch.tensor(lengths)[:, None, None, None])
+        causal = (key[None, :] <= key[:, None])[None, None] & (key < torch.tensor(lengths)[:, None])[:, None, None, :]
         allowed = torch.cat([torch.ones((len(trajs), 1, width - shared, shared), dtype=torch.bool), causal], -1)
         attention_mask = _shared_mask(allowed, model, device)
     elif min(lengths) < width:  # right padding: causal and key-padding, as transformers builds it from a 2-D mask
