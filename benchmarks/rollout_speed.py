@@ -70,7 +70,7 @@ from common.chat import ChatFormat
 from common.models import load_model
 from common.rollout import RolloutConfig, RolloutEngine
 
-METHODS = ("engine", "generate_batch", "generate_single")
+METHODS = ("engine", "generate_batch", "generate_single", "engine_concat")
 
 
 @dataclass
@@ -97,8 +97,9 @@ class Args:
     """codegen: cap on generated tokens per turn"""
     temperature: float = 0.0
     """sampling temperature of every method (0 = greedy: all methods play token-identical episodes)"""
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
-    """which of engine, generate_batch (baseline a), generate_single (baseline b) to run"""
+    methods: list[str] = field(default_factory=lambda: list(METHODS[:3]))
+    """which of engine, generate_batch (baseline a), generate_single (baseline b) to run; engine_concat: the engine
+    with transformers' DynamicCache, which appends by concatenation (the engine's own cache writes in place)"""
     single_episodes: int = 2
     """baseline (b) plays only the first this-many of the B episodes (its time for B is extrapolated)"""
     threads: int = 0
@@ -269,6 +270,14 @@ def run_cell(cell: dict) -> dict:
     seeds = [cell["seed"] * 1000 + i for i in range(cell["episodes"])]
     if cell["method"] == "engine":
         out = run_engine(model, tok, cell, seeds)
+    elif cell["method"] == "engine_concat":  # the same engine on a concatenating cache: what the buffered one saves
+        import common.rollout
+
+        buffered, common.rollout.BufferedCache = common.rollout.BufferedCache, common.rollout.DynamicCache
+        try:
+            out = run_engine(model, tok, cell, seeds)
+        finally:
+            common.rollout.BufferedCache = buffered
     else:
         out = run_generate(model, tok, cell, seeds, batch=cell["episodes"] if cell["method"] == "generate_batch" else 1)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -286,7 +295,7 @@ def make_cells(args: Args) -> list[dict]:
     baseline_cap = max(n for n in args.turns if n <= args.baseline_max_turns) if args.baseline_max_turns else max(args.turns)
     for env, n, max_tokens in specs:
         for method in args.methods:
-            if method != "engine" and env == "gridworld" and n > baseline_cap:
+            if not method.startswith("engine") and env == "gridworld" and n > baseline_cap:
                 continue
             if method == "generate_single" and env == "gridworld" and n != baseline_cap:
                 continue
@@ -327,7 +336,8 @@ def rates(r: dict) -> dict:
 
 def report(args: Args, results: list[dict], command: str, load: tuple, started: float) -> str:
     names = {"engine": "engine (KV cache across turns)", "generate_batch": "(a) generate, batch, history re-encoded",
-             "generate_single": "(b) generate, batch 1, history re-encoded"}
+             "generate_single": "(b) generate, batch 1, history re-encoded",
+             "engine_concat": "engine, concatenating KV cache (transformers' DynamicCache)"}
     r0 = results[0]
     lines = [f"# Rollout speed: engine vs `generate` baselines (`{args.model}`, B = {args.batch_size})", "",
              f"Command: `{command}`", "",

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 import envs
 import envs.gridworld
 from common.chat import ChatFormat
-from common.rollout import (RolloutConfig, RolloutEngine, _shared_prefix_length, behavior_units, policy_logprobs,
-                            sample_from_logits)
+from common.rollout import (RolloutConfig, RolloutEngine, _BufferedLayer, _shared_prefix_length, behavior_units,
+                            policy_logprobs, sample_from_logits)
 
 
 def run(model_tok, mode, n=3, seed=0, **cfg):
@@ -475,3 +475,39 @@ def test_shared_prefix_scoring_in_choice_mode_with_smollm2(smollm2):
     behaviour, mask = behavior_units(trajs, "choice")
     assert ((plain.logprobs - shared.logprobs).abs() * mask).max().item() < 1e-4
     assert ((behaviour - shared.logprobs).abs() * mask).max().item() < 1e-4
+
+
+@pytest.mark.parametrize("env_id, mode", [("gridworld", "free"), ("babyai-gotoredball", "choice")])
+def test_buffered_kv_cache_gives_the_concatenating_caches_records(tiny, monkeypatch, env_id, mode):
+    """The rollout's cache writes each step in place (common.rollout.BufferedCache) instead of concatenating: the same
+    records bit for bit as transformers' DynamicCache, through growth past a chunk, rows leaving (`keep`), the shared
+    prompt's repeated rows and, with multi-token action names, the candidates' scoring forward cropped away."""
+    from common import rollout
+
+    model, tok = tiny
+    out = {}
+    for cache_class in (rollout.DynamicCache, rollout.BufferedCache):
+        monkeypatch.setattr(rollout, "BufferedCache", cache_class)
+        engine = RolloutEngine(model, tok, RolloutConfig(action_mode=mode, max_turn_tokens=5, max_total_tokens=2500))
+        out[cache_class] = engine.run([envs.make(env_id, max_steps=n) for n in (3, 12, 20)], [0, 1, 2], env_id,
+                                      generator=torch.Generator().manual_seed(7))
+    plain, buffered = out.values()
+    assert max(len(t.token_ids) for t in buffered) > 2 * _BufferedLayer.CHUNK and len({len(t.turns) for t in buffered}) > 1
+    for a, b in zip(plain, buffered):
+        assert a.token_ids == b.token_ids and a.behavior_logprobs == b.behavior_logprobs
+        assert [s.logprob for s in a.choice_steps] == [s.logprob for s in b.choice_steps]
+
+
+def test_buffered_kv_layer_writes_in_place_and_grows_by_chunks():
+    layer = _BufferedLayer()
+    keys = torch.randn(2, 3, 5, 4)
+    layer.update(keys, -keys)
+    buffer = layer.key_buffer.data_ptr()
+    for step in range(_BufferedLayer.CHUNK):  # one position at a time: no reallocation within the chunk
+        k, v = layer.update(torch.full((2, 3, 1, 4), float(step)), torch.zeros(2, 3, 1, 4))
+    assert layer.key_buffer.data_ptr() == buffer and k.shape[2] == 5 + _BufferedLayer.CHUNK
+    k, _ = layer.update(torch.ones(2, 3, 1, 4), torch.ones(2, 3, 1, 4))  # past the capacity: one copy, values kept
+    assert layer.key_buffer.data_ptr() != buffer and torch.equal(k[:, :, :5], keys) and k[0, 0, -2, 0] == _BufferedLayer.CHUNK - 1
+    layer.crop(-3)
+    layer.batch_select_indices(torch.tensor([1, 1, 0]))
+    assert layer.get_seq_length() == 5 + _BufferedLayer.CHUNK - 2 and torch.equal(layer.keys[2, :, :5], keys[0])
