@@ -52,15 +52,23 @@ class RolloutConfig:
     choice_token_norm: bool = False  # TWOSOME: divide each action's log-prob by its token count
     env_workers: int = 8  # threads stepping a batch's environments at once when they set `parallel_step`
     share_prompt_prefix: bool = True  # prefill the first prompts' common prefix once (a GRPO group: the whole prompt)
+    top_k: int = 0  # free mode: sample among the k most likely tokens only (0: all)
 
 
-def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, generator=None):
-    """Returns (token ids, their log-probs under softmax(logits / T)). T = 0 is greedy (log-probs at T = 1)."""
+def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, generator=None, top_k: int = 0):
+    """Returns (token ids, their log-probs under softmax(logits / T)). T = 0 is greedy (log-probs at T = 1).
+
+    top-k, then top-p, truncate the distribution that is sampled from (renormalised), as transformers' generate
+    does; the log-probs returned are under the untruncated softmax(logits / T), which the trainer recomputes."""
     if temperature == 0:
         token = logits.argmax(-1)
         return token, F.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
     logprobs = F.log_softmax(logits / temperature, -1)
     probs = logprobs.exp()
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, -1).values[..., -1:]
+        probs = probs.masked_fill(probs < kth, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
     if top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the first token always survives)
@@ -406,7 +414,7 @@ class RolloutEngine:
         sampled_lp = [[] for _ in range(n)]
         done = torch.zeros(n, dtype=torch.bool)
         for step in range(cfg.max_turn_tokens):
-            token, logp = sample_from_logits(logits, cfg.temperature, cfg.top_p, generator)
+            token, logp = sample_from_logits(logits, cfg.temperature, cfg.top_p, generator, cfg.top_k)
             token, logp = token.cpu(), logp.cpu()
             for row in range(n):
                 if not done[row]:

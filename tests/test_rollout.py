@@ -152,6 +152,17 @@ def test_top_p_keeps_only_the_nucleus():
     assert (greedy == 0).all()
 
 
+def test_top_k_samples_only_the_k_most_likely_tokens():
+    logits = torch.tensor([[2.0, 1.9, 1.8, 1.7, 0.0, -0.5] + [-1.0] * 100] * 4000)
+    token, logp = sample_from_logits(logits, temperature=2.0, top_p=1.0, generator=torch.Generator().manual_seed(0),
+                                     top_k=4)
+    counts = torch.bincount(token, minlength=logits.shape[1])
+    assert counts[4:].sum() == 0 and (counts[:4] > 800).all()  # the 4 best, in about their renormalised shares
+    assert torch.allclose(logp, F.log_softmax(logits / 2.0, -1).gather(-1, token[:, None]).squeeze(-1))  # untruncated
+    untruncated, _ = sample_from_logits(logits, temperature=2.0, top_p=1.0, generator=torch.Generator().manual_seed(0))
+    assert (untruncated >= 4).float().mean() > 0.5  # without it, T = 2 spreads most of the mass over the long tail
+
+
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
 def test_chat_template_turns_only_append(which, request):
     _, tok = request.getfixturevalue(which)
