@@ -76,6 +76,11 @@ if [ -n "${FREE:-}" ]; then
   # included (15 SFT steps x 8 format demonstrations = 120 demonstration episodes, then 110 iterations x 8 = 880).
   # T = 1: after the cold start nearly all of the next-token mass is on the four moves, and T = 2 would hand a
   # large share of it back to the ~49k other tokens (invalid replies). Run 7's exploration: novelty bonus + SIL.
+  # Run 8 was stopped with SIGTERM at iteration 27 (greedy 3.55 since episode 80; no better episode ever sampled).
   timed python algorithms/grpo_agent.py --action-mode free --sft-steps 15 --temperature 1.0 --novelty-coef 0.1 \
       --sil-coef 1.0 --total-iterations 110 --eval-episodes 4 --checkpoint-every 5 --exp-name free_sil --output-dir "$OUT/free"
+  # Run 9: T = 2 as in choice mode, with --top-k 4 so that the sampled token stays among the four most likely (after
+  # the cold start: the four moves, or a variant of one such as " Up"), not the ~49k-token tail.
+  timed python algorithms/grpo_agent.py --action-mode free --sft-steps 15 --temperature 2.0 --top-k 4 --novelty-coef 0.1 \
+      --sil-coef 1.0 --total-iterations 110 --eval-episodes 4 --checkpoint-every 5 --exp-name free_topk --output-dir "$OUT/free"
 fi
