@@ -150,8 +150,7 @@ class Args:
     top_p: float = 1.0
     """nucleus sampling during training rollouts"""
     top_k: int = 0
-    """free mode: sample each token among the k most likely only (0: off). After a cold start, `--temperature 2
-    --top-k 4` explores among the four GridWorld moves as choice mode's T = 2 does (see docs, "Free mode")"""
+    """sample each token among the k most likely only (0: off); free mode: `--temperature 2 --top-k 4` (docs item 17)"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
     """`hf`: the trained model samples (CPU or GPU); `vllm`: a vLLM engine on the GPU samples (free mode only) and
     gets the trained weights after every update (pip install -r requirements-gpu.txt)"""
@@ -212,11 +211,9 @@ def validate_args(args: Args):
         problems.append("--novelty-coef and --sil-coef must be >= 0 (0: off), --sil-episodes >= 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
         problems.append("--temperature must be >= 0, --top-p in (0, 1] and --top-k >= 0")
-    if args.top_k and args.rollout_backend == "vllm":
-        problems.append("--top-k is not passed to vLLM yet: use --rollout-backend hf")
-    if args.rollout_backend == "vllm" and args.action_mode != "free":
+    if args.rollout_backend == "vllm" and (args.action_mode != "free" or args.top_k):
         problems.append("--rollout-backend vllm needs --action-mode free (choice mode scores action names on the "
-                        "trainer's KV cache, which vLLM does not expose)")
+                        "trainer's KV cache, which vLLM does not expose) and no --top-k (not passed to vLLM yet)")
     if args.fsdp and dist_info()[2] < 2:
         problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
@@ -347,7 +344,8 @@ if __name__ == "__main__":
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
     rollout_config = RolloutConfig(
         action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_turn_tokens=args.max_turn_tokens, max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm)
+        max_turn_tokens=args.max_turn_tokens, max_total_tokens=args.max_total_tokens,
+        choice_token_norm=args.choice_token_norm)
     if vllm_gen is not None:  # vLLM samples; it computes no activations the trainer could reuse
         frozen_below = None
         engine = TokenRolloutEngine(vllm_gen, tokenizer, rollout_config)
