@@ -157,6 +157,14 @@ def performance() -> str:
         if method == "engine" and base:
             lines.append(f"| {env} | {turns} | {c['tok_s']:.1f} | {base['tok_s']:.1f} | {c['tok_s'] / base['tok_s']:.2f}x | "
                          + (f"{single['tok_s']:.1f} | {c['tok_s'] / single['tok_s']:.2f}x |" if single else "not run | |"))
+    cache_file = RESULTS / "rollout_speed_cache.jsonl"  # the engine on its in-place KV cache vs a concatenating one
+    cache = {(c["turns"], c["method"]): c for c in map(json.loads, cache_file.read_text().splitlines()) if c}
+    lines += ["", "| rollout KV cache (B = 16, `smollm2-135m`, GridWorld) | turns | in-place s | concatenating s | "
+              "whole rollout | decode loop |", "| --- |" + " --- |" * 5]
+    for turns in sorted({t for t, _ in cache}):
+        a, b = cache[(turns, "engine")], cache[(turns, "engine_concat")]
+        lines.append(f"| in place (`BufferedCache`) vs transformers' `DynamicCache` | {turns} | {a['wall_s']:.1f} | "
+                     f"{b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.2f}x | {b['decode_s'] / a['decode_s']:.2f}x |")
     lines += ["", "| one GRPO step vs TRL `GRPOTrainer` (gradient checkpointing off on both) | TRL / ours (median s/step) | "
               "load average at start / end | commit |", "| --- | --- | --- | --- |"]
     for section in (RESULTS / "vs_trl.md").read_text().split("\n# One GRPO step")[1:]:  # one per vs_trl.py --append
@@ -168,7 +176,8 @@ def performance() -> str:
     return "\n".join(lines + ["", "Each ratio compares methods run back to back in one invocation on the shared 2-core "
                               "CPU (absolute times in the files). The GRPO rows before commit 092a660 predate the shared "
                               "prompt prefix (docs/grpo_agent.md item 16). Sources: `python benchmarks/rollout_speed.py`, "
-                              "[rollout_speed.md](benchmarks/results/rollout_speed.md); `python benchmarks/vs_trl.py`, "
+                              "[rollout_speed.md](benchmarks/results/rollout_speed.md) and (`--methods engine engine_concat`) "
+                              "[rollout_speed_cache.md](benchmarks/results/rollout_speed_cache.md); `python benchmarks/vs_trl.py`, "
                               "[vs_trl.md](benchmarks/results/vs_trl.md)."])
 
 
