@@ -176,9 +176,9 @@ def performance() -> str:
     return "\n".join(lines + ["", "Each ratio compares methods run back to back in one invocation on the shared 2-core "
                               "CPU (absolute times in the files). The GRPO rows before commit 092a660 predate the shared "
                               "prompt prefix (docs/grpo_agent.md item 16). Sources: `python benchmarks/rollout_speed.py`, "
-                              "[rollout_speed.md](benchmarks/results/rollout_speed.md) and (`--methods engine engine_concat`) "
-                              "[rollout_speed_cache.md](benchmarks/results/rollout_speed_cache.md); `python benchmarks/vs_trl.py`, "
-                              "[vs_trl.md](benchmarks/results/vs_trl.md)."])
+                              "[rollout_speed.md](benchmarks/results/rollout_speed.md) and (`--methods engine "
+                              "engine_concat`) [rollout_speed_cache.md](benchmarks/results/rollout_speed_cache.md); "
+                              "`python benchmarks/vs_trl.py`, [vs_trl.md](benchmarks/results/vs_trl.md)."])
 
 
 def memory() -> str:
