@@ -61,7 +61,7 @@ from common.chat import ChatFormat
 from common.distributed import print0, seed_everything
 from common.models import load_model, resolve_device
 from common.records import Trajectory, Turn, write_jsonl
-from common.rollout import RolloutConfig, RolloutEngine, sample_from_logits, score_candidates
+from common.rollout import RolloutConfig, RolloutEngine, decode_weight_layout, sample_from_logits, score_candidates
 from common.tracking import Tracker, make_run_name
 
 
@@ -553,7 +553,8 @@ if __name__ == "__main__":
         lm = LM(model, tokenizer, generator)
         if args.mode == "lats":
             search = Search(args, lm, envs.make(args.env_id, **env_kwargs), seed, action_mode, scale)
-            iterations = search.run()
+            with decode_weight_layout(model):  # a few rows per forward: MKL is faster input-major (common/rollout.py)
+                iterations = search.run()
             traj = record(lm.chat, search.env, search.answer(), seed, args.env_id)
             tokens, generated, calls = lm.tokens, lm.generated_tokens, lm.calls
             extra = {"diagnostics/tree_nodes": tree_size(search.root), "diagnostics/root_visits": search.root.visits,

@@ -157,14 +157,18 @@ def performance() -> str:
         if method == "engine" and base:
             lines.append(f"| {env} | {turns} | {c['tok_s']:.1f} | {base['tok_s']:.1f} | {c['tok_s'] / base['tok_s']:.2f}x | "
                          + (f"{single['tok_s']:.1f} | {c['tok_s'] / single['tok_s']:.2f}x |" if single else "not run | |"))
-    cache_file = RESULTS / "rollout_speed_cache.jsonl"  # the engine on its in-place KV cache vs a concatenating one
-    cache = {(c["turns"], c["method"]): c for c in map(json.loads, cache_file.read_text().splitlines()) if c}
-    lines += ["", "| rollout KV cache (B = 16, `smollm2-135m`, GridWorld) | turns | in-place s | concatenating s | "
-              "whole rollout | decode loop |", "| --- |" + " --- |" * 5]
-    for turns in sorted({t for t, _ in cache}):
-        a, b = cache[(turns, "engine")], cache[(turns, "engine_concat")]
-        lines.append(f"| in place (`BufferedCache`) vs transformers' `DynamicCache` | {turns} | {a['wall_s']:.1f} | "
-                     f"{b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.2f}x | {b['decode_s'] / a['decode_s']:.2f}x |")
+    lines += ["", "| rollout engine, with vs without (B = 16, `smollm2-135m`, GridWorld, greedy) | turns | with s | "
+              "without s | whole rollout | decode loop | decode tok/s with |", "| --- |" + " --- |" * 6]
+    ablations = [("rollout_speed_cache", "engine_concat", "KV cache written in place (`BufferedCache`) vs "
+                  "transformers' `DynamicCache`"), ("rollout_speed_layout", "engine_row_major", "weights input-major "
+                  "while decoding (`decode_weight_layout`) vs row-major")]
+    for name, without, label in ablations:  # each file: the engine and one ablation, back to back in one run
+        rows = (RESULTS / f"{name}.jsonl").read_text().splitlines()
+        cells = {(c["turns"], c["method"]): c for c in map(json.loads, rows) if c}
+        for turns in sorted({t for t, _ in cells}):
+            a, b = cells[(turns, "engine")], cells[(turns, without)]
+            lines.append(f"| {label} | {turns} | {a['wall_s']:.1f} | {b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.2f}x | "
+                         f"{b['decode_s'] / a['decode_s']:.2f}x | {a['generated_tokens'] / a['decode_s']:.0f} |")
     lines += ["", "| one GRPO step vs TRL `GRPOTrainer` (gradient checkpointing off on both) | TRL / ours (median s/step) | "
               "load average at start / end | commit |", "| --- | --- | --- | --- |"]
     for section in (RESULTS / "vs_trl.md").read_text().split("\n# One GRPO step")[1:]:  # one per vs_trl.py --append
@@ -176,8 +180,10 @@ def performance() -> str:
     return "\n".join(lines + ["", "Each ratio compares methods run back to back in one invocation on the shared 2-core "
                               "CPU (absolute times in the files). The GRPO rows before commit 092a660 predate the shared "
                               "prompt prefix (docs/grpo_agent.md item 16). Sources: `python benchmarks/rollout_speed.py`, "
-                              "[rollout_speed.md](benchmarks/results/rollout_speed.md) and (`--methods engine "
-                              "engine_concat`) [rollout_speed_cache.md](benchmarks/results/rollout_speed_cache.md); "
+                              "[rollout_speed.md](benchmarks/results/rollout_speed.md); with `--methods engine "
+                              "engine_concat` [rollout_speed_cache.md](benchmarks/results/rollout_speed_cache.md) and "
+                              "`--methods engine engine_row_major` [rollout_speed_layout.md]"
+                              "(benchmarks/results/rollout_speed_layout.md); "
                               "`python benchmarks/vs_trl.py`, [vs_trl.md](benchmarks/results/vs_trl.md)."])
 
 

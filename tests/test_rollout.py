@@ -163,6 +163,22 @@ def test_top_k_samples_only_the_k_most_likely_tokens():
     assert (untruncated >= 4).float().mean() > 0.5  # without it, T = 2 spreads most of the mass over the long tail
 
 
+def test_sampling_draws_each_token_with_its_probability():
+    """Inverse-CDF sampling: over 40,000 draws each token's frequency is within 4 standard errors of its probability
+    under softmax(logits / T), a token of probability ~1e-9 and every token top-k removed are never drawn, and
+    the draws follow the generator's seed."""
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.5, 0.0, -20.0] + [-2.0] * 58])
+    probs = F.softmax(logits[0] / 1.5, -1)
+    token, _ = sample_from_logits(logits.expand(40_000, -1), 1.5, 1.0, torch.Generator().manual_seed(1))
+    freq = torch.bincount(token, minlength=64).double() / 40_000
+    stderr = (probs * (1 - probs) / 40_000).sqrt()
+    assert ((freq - probs).abs() <= 4 * stderr + 1e-12).all() and freq[5] == 0
+    top3, _ = sample_from_logits(logits.expand(5000, -1), 1.5, 1.0, torch.Generator().manual_seed(1), top_k=3)
+    assert set(top3.tolist()) == {0, 1, 2}
+    again, _ = sample_from_logits(logits.expand(40_000, -1), 1.5, 1.0, torch.Generator().manual_seed(1))
+    assert torch.equal(token, again)
+
+
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
 def test_chat_template_turns_only_append(which, request):
     _, tok = request.getfixturevalue(which)
@@ -522,3 +538,46 @@ def test_buffered_kv_layer_writes_in_place_and_grows_by_chunks():
     layer.crop(-3)
     layer.batch_select_indices(torch.tensor([1, 1, 0]))
     assert layer.get_seq_length() == 5 + _BufferedLayer.CHUNK - 2 and torch.equal(layer.keys[2, :, :5], keys[0])
+
+
+def test_input_major_weights_give_the_same_records_and_leave_the_model_as_it_was(smollm2):
+    """While the engine runs on a CPU its Linear weights are input-major (`decode_weight_layout`: MKL's small-batch
+    GEMM is faster from it); the records equal those of the usual layout up to float rounding (same tokens; the sums
+    run in another order), and afterwards every weight is its original tensor again (same storage, same values),
+    the tied LM head still tied to the embeddings."""
+    model, tok = smollm2
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    storage = [p.data_ptr() for p in model.parameters()]
+    seen = []
+    hook = model.model.layers[3].mlp.up_proj.register_forward_hook(
+        lambda module, args, out: seen.append((module.weight.stride(), model.lm_head.weight.stride())))
+    out = {}
+    try:
+        for input_major in (False, True):
+            seen.clear()
+            engine = RolloutEngine(model, tok, RolloutConfig(max_turn_tokens=5, input_major_weights=input_major))
+            out[input_major] = engine.run([envs.make("gridworld", max_steps=3) for _ in range(3)], [0, 1, 2],
+                                          generator=torch.Generator().manual_seed(3))
+            up, head = model.model.layers[3].mlp.up_proj.weight.shape, model.lm_head.weight.shape
+            expected = ((1, up[0]), (1, head[0])) if input_major else ((up[1], 1), (head[1], 1))
+            assert seen and set(seen) == {expected}
+    finally:
+        hook.remove()
+    for a, b in zip(out[False], out[True]):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-4
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert all(p.is_contiguous() for p in model.parameters()) and [p.data_ptr() for p in model.parameters()] == storage
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_input_major_weights_are_restored_when_a_rollout_fails(tiny):
+    class Broken(envs.gridworld.GridWorldEnv):
+        def step(self, action):
+            raise RuntimeError("environment crashed")
+
+    model, tok = tiny
+    engine = RolloutEngine(model, tok, RolloutConfig(max_turn_tokens=3))
+    with pytest.raises(RuntimeError, match="environment crashed"):
+        engine.run([Broken()], [0], "gridworld")
+    assert all(p.is_contiguous() for p in model.parameters())
