@@ -1,14 +1,13 @@
 """Rollout speed: the shared multi-turn engine against two plain `transformers.generate` loops.
 
     python benchmarks/rollout_speed.py                        # smollm2-135m, B = 16, GridWorld 5/10/20 turns + codegen
-    OMP_NUM_THREADS=1 python benchmarks/rollout_speed.py --turns 2 4 8 16 --baseline-max-turns 8 \
-        --codegen-attempts 2 --codegen-max-turn-tokens 64 --single-episodes 1   # what results/rollout_speed.md ran
+    python benchmarks/rollout_speed.py --turns 4 8 20 --baseline-max-turns 20 --codegen-attempts 2 \
+        --codegen-max-turn-tokens 64 --single-episodes 1   # what results/rollout_speed.md ran
     python benchmarks/rollout_speed.py --model tiny --batch-size 4 --turns 2 4 --codegen-attempts 2   # seconds
 
 How long it takes: the baselines dominate. Baseline (a) re-encodes ~B x (N x prompt + N^2/2 x tokens per
-turn) tokens, about 240k for B = 16 and N = 20 on GridWorld (prompt 133 tokens, ~66 per turn): ~15 min at the
-~280 prefill tok/s of an idle 2-core CPU, so the default run takes roughly half an hour on an idle machine
-(not measured); the reduced run above took 32 min on the shared machine. On an oversubscribed machine use
+turn) tokens, ~290k for B = 16 and N = 20 on GridWorld (prompt 133 tokens, ~66 per turn): its 20-turn cell took
+860 s and the whole run above 24 min on an idle 2-core CPU (2 threads). On an oversubscribed machine use
 OMP_NUM_THREADS=1: with 2 OpenMP threads under a load average of ~9 on 2 cores, one 2-turn engine cell took
 170 s against 34 s with 1 thread (the threads wait for each other at every barrier).
 
