@@ -14,7 +14,7 @@
 # below, with other jobs on the cores: 25.1 min, identical numbers. Zero-shot: 280 s (choice) + 551 s (free).
 #   bash benchmarks/grpo_agent.sh            # runs under benchmarks/runs/grpo_agent (OUT=... to change)
 #   SEEDS="1 2 3" bash benchmarks/grpo_agent.sh   # also the default run over these seeds via benchmarks/run.py
-#                                                 # (multi-seed curves: not yet measured, nothing published)
+#                                                 # (seeds 1-3: benchmarks/results/grpo_agent_seeds.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/runs/grpo_agent}
