@@ -80,7 +80,7 @@ def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, g
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     # inverse-CDF sampling: one uniform per row, where torch.multinomial draws one exponential per vocabulary entry
-    # (49,152 for SmolLM2: ~18 ms of a ~100 ms decode step at B = 16); float64 sums keep rare tokens' odds exact
+    # (49,152 for SmolLM2: ~18 ms of a ~100 ms decode step at B = 16); float64 sums keep rare tokens' odds accurate
     cdf = probs.double().cumsum(-1)
     u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
     token = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
