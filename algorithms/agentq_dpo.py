@@ -68,8 +68,8 @@ from common.distributed import (clip_grad_norm, dist_info, full_tensors, gather_
                                 is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
 from common.models import adapter_disabled, load_model, resolve_device, save_model, train_top_layers
 from common.records import ChoiceStep, Trajectory
-from common.rollout import (KVBatch, RolloutConfig, RolloutEngine, decode_weight_layout, policy_logprobs, sample_from_logits,
-                            score_candidates)
+from common.rollout import (KVBatch, RolloutConfig, RolloutEngine, decode_attention_backend, decode_weight_layout,
+                            policy_logprobs, sample_from_logits, score_candidates)
 from common.tracking import Tracker, make_run_name
 
 
@@ -492,8 +492,8 @@ if __name__ == "__main__":
         t0 = time.time()
         block = args.num_tasks // world  # torchrun: this rank's contiguous block of the iteration's tasks
         seeds = [(args.seed * 100_000 + iteration) * 1_000 + i for i in range(rank * block, (rank + 1) * block)]
-        # FSDP: whole weights, as the ranks' trees differ; decode-sized forwards run faster input-major (CPU)
-        with gathered(fsdp_layers), decode_weight_layout(model):
+        # FSDP: whole weights (the ranks' trees differ); CPU: decode-speed layouts of weights and keys (common/rollout.py)
+        with gathered(fsdp_layers), decode_weight_layout(model), decode_attention_backend(model):
             roots, sims, tokens = search(model, chat, [envs.make(args.env_id) for _ in seeds], seeds, args, mode, gen)
         search_s = time.time() - t0
 

@@ -69,7 +69,7 @@ from common.chat import ChatFormat
 from common.models import load_model
 from common.rollout import RolloutConfig, RolloutEngine
 
-METHODS = ("engine", "generate_batch", "generate_single", "engine_concat", "engine_row_major")
+METHODS = ("engine", "generate_batch", "generate_single", "engine_concat", "engine_row_major", "engine_sdpa")
 
 
 @dataclass
@@ -98,8 +98,10 @@ class Args:
     """sampling temperature of every method (0 = greedy: all methods play token-identical episodes)"""
     methods: list[str] = field(default_factory=lambda: list(METHODS[:3]))
     """which of engine, generate_batch (baseline a), generate_single (baseline b) to run; engine_concat: the engine
-    with transformers' DynamicCache, which appends by concatenation (the engine's own cache writes in place);
-    engine_row_major: the engine with the weights in their usual layout (`RolloutConfig.input_major_weights=False`)"""
+    with transformers' DynamicCache, which appends by concatenation (the engine's own cache writes in place; it
+    cannot store keys transposed, so attention is SDPA's); engine_row_major: the engine with the weights in their
+    usual layout (`RolloutConfig.input_major_weights=False`); engine_sdpa: the engine with the keys cached in the
+    usual layout and attention by SDPA (`RolloutConfig.transposed_keys=False`)"""
     single_episodes: int = 2
     """baseline (b) plays only the first this-many of the B episodes (its time for B is extrapolated)"""
     threads: int = 0
@@ -168,7 +170,8 @@ def step_all(live_envs: list, actions: list[str]) -> list[tuple]:
 
 def run_engine(model, tok, cell: dict, seeds: list[int]) -> dict:
     cfg = RolloutConfig(action_mode="free", temperature=cell["temperature"], max_turn_tokens=cell["max_turn_tokens"],
-                        max_total_tokens=1 << 20, input_major_weights=cell["method"] != "engine_row_major")
+                        max_total_tokens=1 << 20, input_major_weights=cell["method"] != "engine_row_major",
+                        transposed_keys=cell["method"] not in ("engine_sdpa", "engine_concat"))
     engine = RolloutEngine(model, tok, cfg)
     timers = {"decode_s": 0.0, "env_s": 0.0}
 
@@ -268,7 +271,7 @@ def run_cell(cell: dict) -> dict:
         model(torch.arange(1, 17, device=next(model.parameters()).device)[None])
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     seeds = [cell["seed"] * 1000 + i for i in range(cell["episodes"])]
-    if cell["method"] in ("engine", "engine_row_major"):
+    if cell["method"] in ("engine", "engine_row_major", "engine_sdpa"):
         out = run_engine(model, tok, cell, seeds)
     elif cell["method"] == "engine_concat":  # the same engine on a concatenating cache: what the buffered one saves
         import common.rollout
@@ -338,7 +341,8 @@ def report(args: Args, results: list[dict], command: str, load: tuple, started: 
     names = {"engine": "engine (KV cache across turns)", "generate_batch": "(a) generate, batch, history re-encoded",
              "generate_single": "(b) generate, batch 1, history re-encoded",
              "engine_concat": "engine, concatenating KV cache (transformers' DynamicCache)",
-             "engine_row_major": "engine, weights in their usual (row-major) layout"}
+             "engine_row_major": "engine, weights in their usual (row-major) layout",
+             "engine_sdpa": "engine, keys in their usual layout, attention by SDPA"}
     r0 = results[0]
     lines = [f"# Rollout speed: engine vs `generate` baselines (`{args.model}`, B = {args.batch_size})", "",
              f"Command: `{command}`", "",

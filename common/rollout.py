@@ -14,7 +14,8 @@
     once and its cache rows repeated, so G episodes of one task cost one prompt prefill, not G;
   * finished episodes leave the batch (their cache rows are dropped);
   * on a CPU the Linear weights are stored input-major while it runs (`decode_weight_layout`): MKL's GEMM at
-    decode batch sizes is 1.5-9x faster from that layout (same numbers up to float rounding);
+    decode batch sizes is 1.5-9x faster from that layout (same numbers up to float rounding); and the keys are
+    cached transposed so that attention over the cache is two batched GEMMs (`decode_attention`);
   * environments that wait on a subprocess to step (`parallel_step`, e.g. codegen's sandbox) are stepped
     concurrently, up to `env_workers` at a time, so a batch's submissions are graded in parallel;
   * the record is token-in/token-out: the ids sampled plus the ids fed, with source mask and the
@@ -28,6 +29,7 @@ an algorithm file reads the same in both modes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +37,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from common.chat import ChatFormat
 from common.records import ChoiceStep, Trajectory, Turn
@@ -57,6 +61,7 @@ class RolloutConfig:
     share_prompt_prefix: bool = True  # prefill the first prompts' common prefix once (a GRPO group: the whole prompt)
     top_k: int = 0  # free mode: sample among the k most likely tokens only (0: all)
     input_major_weights: bool = True  # CPU: Linear weights input-major while decoding (`decode_weight_layout`)
+    transposed_keys: bool = True  # CPU: keys cached as [B, H, D, T], attended by `decode_attention` instead of SDPA
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, generator=None, top_k: int = 0):
@@ -233,30 +238,46 @@ class _BufferedLayer(DynamicLayer):
     transformers' DynamicLayer appends by `torch.cat`, which copies the layer's whole cache at every decode step:
     at B = 16 and ~1,000 cached tokens that is ~0.7 GB of copies per step for SmolLM2, more than its weights. Here
     a step writes only its new positions; `keys` / `values` are views of the filled part. Same numbers.
+
+    `keys_transposed=True` stores the keys as [B, H, D, T] (`keys` is then a transposed view, still [B, H, T, D])
+    so that `decode_attention` computes q K^T from contiguous rows of K^T; the values stay [B, H, T, D].
     """
 
     CHUNK = 256
 
+    def __init__(self, keys_transposed: bool = False):
+        super().__init__()
+        self.keys_transposed = keys_transposed
+
+    def _key_rows(self, buffer: torch.Tensor) -> torch.Tensor:  # a key buffer seen as [B, H, T, D]
+        return buffer.transpose(-1, -2) if self.keys_transposed else buffer
+
+    def _new_buffer(self, like: torch.Tensor, positions: int, transposed: bool) -> torch.Tensor:
+        batch, heads, _, dim = like.shape
+        return like.new_empty((batch, heads, dim, positions) if transposed else (batch, heads, positions, dim))
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device, self.length = key_states.dtype, key_states.device, 0
-        self.key_buffer = key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[3]))
-        self.value_buffer = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3]))
+        self.key_buffer = self._new_buffer(key_states, 0, self.keys_transposed)
+        self.value_buffer = self._new_buffer(value_states, 0, False)
         self.is_initialized = True
+        self._views()
 
     def _views(self):
-        self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+        self.keys = self._key_rows(self.key_buffer)[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[2]
-        if end > self.key_buffer.shape[2]:  # grow: one copy per CHUNK positions, not one per step
-            for name in ("key_buffer", "value_buffer"):
-                old = getattr(self, name)
-                new = old.new_empty((*old.shape[:2], end + self.CHUNK, old.shape[3]))
-                new[:, :, : self.length] = old[:, :, : self.length]
-                setattr(self, name, new)
-        self.key_buffer[:, :, self.length: end] = key_states
+        if end > self.value_buffer.shape[2]:  # grow: one copy per CHUNK positions, not one per step
+            keys = self._new_buffer(key_states, end + self.CHUNK, self.keys_transposed)
+            values = self._new_buffer(value_states, end + self.CHUNK, False)
+            self._key_rows(keys)[:, :, : self.length] = self.keys
+            values[:, :, : self.length] = self.values
+            self.key_buffer, self.value_buffer = keys, values
+        self._key_rows(self.key_buffer)[:, :, self.length: end] = key_states
         self.value_buffer[:, :, self.length: end] = value_states
         self.length = end
         self._views()
@@ -285,9 +306,9 @@ class _BufferedLayer(DynamicLayer):
 class BufferedCache(DynamicCache):
     """A DynamicCache whose layers are `_BufferedLayer`s (no-grad rollouts: the buffers are written in place)."""
 
-    def __init__(self):
+    def __init__(self, keys_transposed: bool = False):
         super().__init__()
-        self.layer_class_to_replicate = _BufferedLayer
+        self.layer_class_to_replicate = functools.partial(_BufferedLayer, keys_transposed=keys_transposed)
 
 
 @contextlib.contextmanager
@@ -320,6 +341,69 @@ def decode_weight_layout(model, enabled: bool = True):
             w.data = original
 
 
+DECODE_ATTENTION = "agentrl_decode"  # the name `decode_attention` is registered under in transformers (below)
+DECODE_ATTENTION_MAX_QUERY = 64  # longer query blocks (prefills) go to torch's fused SDPA kernel
+
+
+def decode_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """softmax(q K^T * scale + mask) V for a short block of queries (a decode step, an observation), written as two
+    batched matrix products that read the keys from a [B, H_kv, D, T] cache (`_BufferedLayer(keys_transposed=True)`).
+
+    Why: at a decode step each layer's attention reads the whole cache for 1 query per row, so it is bound by
+    memory traffic, and torch's CPU flash kernel (tiled for long query blocks) reaches about half of this machine's
+    bandwidth on it. With K^T stored contiguously, q K^T and P V are plain batched GEMMs with few rows, and the 3
+    query heads that share a key/value head (grouped-query attention) are one 3-row product over that head's keys,
+    which are read once. Same numbers as SDPA up to float rounding. Masked scores get the dtype's minimum (not -inf),
+    so a query that sees only padding (a pad fed for a finished row) gets finite, unused values rather than NaN.
+    Anything else (a long query block, a cache in the usual layout, dropout, a causal block without a mask) goes to
+    transformers' SDPA path, so the function is correct on any input; it is only fast on the short ones.
+    """
+    batch, heads, q_len, dim = query.shape
+    if (key.stride(-2) != 1 or q_len > DECODE_ATTENTION_MAX_QUERY or dropout > 0
+            or (attention_mask is None and q_len > 1)):
+        return sdpa_attention_forward(module, query, key.contiguous(), value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads  # query heads kv*groups .. kv*groups + groups-1 share key/value head kv
+    scores = torch.matmul(query.reshape(batch, kv_heads, groups * q_len, dim), key.transpose(-1, -2))
+    scores = scores.mul_(dim ** -0.5 if scaling is None else scaling).view(batch, kv_heads, groups, q_len, length)
+    if attention_mask is not None:  # [B, 1, L, T], one mask for every head
+        mask = attention_mask[:, :, None]
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+        else:  # an additive float mask (0 / -inf), as score_candidates passes
+            scores.add_(mask)
+    probs = torch.softmax(scores, -1).view(batch, kv_heads, groups * q_len, length)
+    out = torch.matmul(probs, value).view(batch, heads, q_len, dim)
+    return out.transpose(1, 2).contiguous(), None  # [B, L, H, D], as transformers' attention functions return
+
+
+AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)  # the same boolean masks as for "sdpa"
+
+
+def uses_decode_attention(model) -> bool:
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == DECODE_ATTENTION
+
+
+@contextlib.contextmanager
+def decode_attention_backend(model, enabled: bool = True):
+    """While the block runs, a CPU model on SDPA attends with `decode_attention`, and `KVBatch` caches its keys
+    transposed for it; the model's attention implementation is put back on the way out. Training never runs inside.
+    """
+    config = getattr(model, "config", None)
+    previous = getattr(config, "_attn_implementation", None)
+    enabled = enabled and previous == "sdpa" and next(model.parameters()).device.type == "cpu"
+    if enabled:
+        config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        if enabled:
+            config._attn_implementation = previous
+
+
 class KVBatch:
     """One KV cache over a batch of token streams (one row each), grown by appending segments.
 
@@ -331,7 +415,9 @@ class KVBatch:
     def __init__(self, model, pad_id: int):
         self.body, self.head = _lm_parts(model)
         self.pad_id, self.device = pad_id, next(model.parameters()).device
-        self.cache, self.attn, self.tokens = BufferedCache(), None, 0  # tokens: real (unpadded) tokens fed so far
+        # keys transposed for decode_attention when it is on (`decode_attention_backend`)
+        self.cache = BufferedCache(keys_transposed=True) if uses_decode_attention(model) else BufferedCache()
+        self.attn, self.tokens = None, 0  # tokens: real (unpadded) tokens fed so far
 
     def feed(self, segments: list[list[int]]) -> torch.Tensor:
         """Append each row's segment (an empty one feeds a masked pad); return float logits at each row's last token."""
@@ -505,7 +591,8 @@ class RolloutEngine:
     @torch.no_grad()
     def run(self, envs: list, seeds: list[int], env_id: str = "", policy_version: int = 0,
             generator: torch.Generator | None = None) -> list[Trajectory]:
-        with decode_weight_layout(self.model, self.config.input_major_weights):
+        with (decode_weight_layout(self.model, self.config.input_major_weights),
+              decode_attention_backend(self.model, self.config.transposed_keys)):
             return self._run(envs, seeds, env_id, policy_version, generator)
 
     def _run(self, envs: list, seeds: list[int], env_id: str, policy_version: int,

@@ -152,16 +152,18 @@ def test_rollout_speed_baselines_play_the_same_episodes(tmp_path):
     assert len((tmp_path / "rs.jsonl").read_text().splitlines()) == 8
 
 
-def test_rollout_speed_concatenating_cache_plays_the_engines_episodes(tmp_path):
-    """The `engine_concat` cell (the engine on transformers' DynamicCache) plays token-identical episodes, and the
-    engine gets its own cache back afterwards."""
+def test_rollout_speed_ablations_play_the_engines_episodes(tmp_path):
+    """The `engine_concat` cell (the engine on transformers' DynamicCache) and the `engine_sdpa` cell (keys in the
+    usual layout, SDPA) play token-identical episodes, and the engine gets its own cache back afterwards."""
     import common.rollout
     from benchmarks import rollout_speed
 
-    results = rollout_speed.main(tiny_speed_args(tmp_path, methods=["engine", "engine_concat"], turns=[3], codegen_attempts=0))
-    engine, concat = sorted(results, key=lambda r: r["method"])
-    assert (engine["method"], concat["method"]) == ("engine", "engine_concat")
-    assert engine["episode_digests"] == concat["episode_digests"] and engine["generated_tokens"] > 0
+    methods = ["engine", "engine_concat", "engine_sdpa"]
+    results = rollout_speed.main(tiny_speed_args(tmp_path, methods=methods, turns=[3], codegen_attempts=0))
+    engine, concat, sdpa = sorted(results, key=lambda r: r["method"])
+    assert [engine["method"], concat["method"], sdpa["method"]] == methods
+    assert engine["episode_digests"] == concat["episode_digests"] == sdpa["episode_digests"]
+    assert engine["generated_tokens"] > 0
     assert common.rollout.BufferedCache is not common.rollout.DynamicCache
     assert "concatenating KV cache" in (tmp_path / "rs.md").read_text()
 

@@ -515,7 +515,8 @@ def test_buffered_kv_cache_gives_the_concatenating_caches_records(tiny, monkeypa
     out = {}
     for cache_class in (rollout.DynamicCache, rollout.BufferedCache):
         monkeypatch.setattr(rollout, "BufferedCache", cache_class)
-        engine = RolloutEngine(model, tok, RolloutConfig(action_mode=mode, max_turn_tokens=5, max_total_tokens=2500))
+        cfg = RolloutConfig(action_mode=mode, max_turn_tokens=5, max_total_tokens=2500, transposed_keys=False)
+        engine = RolloutEngine(model, tok, cfg)
         out[cache_class] = engine.run([envs.make(env_id, max_steps=n) for n in (3, 12, 20)], [0, 1, 2], env_id,
                                       generator=torch.Generator().manual_seed(7))
     plain, buffered = out.values()
@@ -525,8 +526,9 @@ def test_buffered_kv_cache_gives_the_concatenating_caches_records(tiny, monkeypa
         assert [s.logprob for s in a.choice_steps] == [s.logprob for s in b.choice_steps]
 
 
-def test_buffered_kv_layer_writes_in_place_and_grows_by_chunks():
-    layer = _BufferedLayer()
+@pytest.mark.parametrize("keys_transposed", [False, True])
+def test_buffered_kv_layer_writes_in_place_and_grows_by_chunks(keys_transposed):
+    layer = _BufferedLayer(keys_transposed)
     keys = torch.randn(2, 3, 5, 4)
     layer.update(keys, -keys)
     buffer = layer.key_buffer.data_ptr()
@@ -538,6 +540,77 @@ def test_buffered_kv_layer_writes_in_place_and_grows_by_chunks():
     layer.crop(-3)
     layer.batch_select_indices(torch.tensor([1, 1, 0]))
     assert layer.get_seq_length() == 5 + _BufferedLayer.CHUNK - 2 and torch.equal(layer.keys[2, :, :5], keys[0])
+    assert layer.keys.shape == layer.values.shape == (3, 3, 5 + _BufferedLayer.CHUNK - 2, 4)
+    assert layer.key_buffer.shape[2] == (4 if keys_transposed else layer.key_buffer.shape[2])  # [B, H, D, T] stored
+
+
+def test_decode_attention_equals_sdpa():
+    """decode_attention (q K^T and P V as batched GEMMs on a [B, H, D, T] key cache) gives SDPA's output for a decode
+    step and a short block, with grouped-query heads and boolean or additive padding masks; a query that sees only
+    padding gets finite values (SDPA: NaN), and long blocks go to SDPA itself."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from common.rollout import DECODE_ATTENTION_MAX_QUERY, decode_attention
+
+    torch.manual_seed(0)
+    batch, kv_heads, groups, dim, length = 3, 2, 3, 8, 11
+    module = SimpleNamespace(num_key_value_groups=groups, is_causal=True, training=False)
+    layer = _BufferedLayer(keys_transposed=True)
+    keys, values = layer.update(torch.randn(batch, kv_heads, length, dim), torch.randn(batch, kv_heads, length, dim))
+    assert keys.stride(-2) == 1  # the fast path's layout
+    for q_len in (1, 5):
+        query = torch.randn(batch, kv_heads * groups, q_len, dim)
+        allowed = torch.rand(batch, 1, q_len, length) > 0.4
+        allowed[..., 0] = True
+        additive = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+        for mask in ([None] if q_len == 1 else []) + [allowed, additive]:
+            ours, _ = decode_attention(module, query, keys, values, mask, scaling=0.3)
+            ref, _ = sdpa_attention_forward(module, query, keys.contiguous(), values, mask, scaling=0.3)
+            assert ours.shape == ref.shape == (batch, q_len, kv_heads * groups, dim)
+            assert torch.allclose(ours, ref, atol=1e-5)
+        allowed[1, 0, 0] = False  # row 1's first query: a pad that sees only padding
+        ours, _ = decode_attention(module, query, keys, values, allowed, scaling=0.3)
+        ref, _ = sdpa_attention_forward(module, query, keys.contiguous(), values, allowed, scaling=0.3)
+        assert torch.isfinite(ours).all() and torch.allclose(ours[:, 1:], ref[:, 1:], atol=1e-5)
+    long_query = torch.randn(batch, kv_heads * groups, DECODE_ATTENTION_MAX_QUERY + 1, dim)
+    mask = torch.ones(batch, 1, DECODE_ATTENTION_MAX_QUERY + 1, length, dtype=torch.bool)
+    assert torch.equal(decode_attention(module, long_query, keys, values, mask)[0],
+                       sdpa_attention_forward(module, long_query, keys.contiguous(), values, mask)[0])
+
+
+@pytest.mark.parametrize("env_id, mode", [("gridworld", "free"), ("babyai-gotoredball", "choice")])
+def test_transposed_keys_give_the_same_records_and_restore_sdpa(smollm2, env_id, mode):
+    """On a CPU the engine caches keys as [B, H, D, T] and attends with `decode_attention` while it runs (seen from
+    inside a layer); the records equal SDPA's up to float rounding (same tokens), in choice mode with multi-token
+    action names too (the candidates' forward passes an additive mask); afterwards the model is on SDPA again."""
+    from common.rollout import DECODE_ATTENTION
+
+    model, tok = smollm2
+    seen = []
+
+    def spy(module, args, kwargs, output):
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        seen.append((model.config._attn_implementation, layer.key_buffer.shape[2] == module.head_dim))
+
+    hook = model.model.layers[3].self_attn.register_forward_hook(spy, with_kwargs=True)
+    out = {}
+    try:
+        for transposed in (False, True):
+            seen.clear()
+            cfg = RolloutConfig(action_mode=mode, max_turn_tokens=5, transposed_keys=transposed)
+            engine = RolloutEngine(model, tok, cfg)
+            out[transposed] = engine.run([envs.make(env_id, max_steps=3) for _ in range(3)], [0, 1, 2], env_id,
+                                         generator=torch.Generator().manual_seed(3))
+            assert seen and set(seen) == {(DECODE_ATTENTION, True) if transposed else ("sdpa", False)}
+    finally:
+        hook.remove()
+    assert model.config._attn_implementation == "sdpa"
+    for a, b in zip(out[False], out[True]):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-4
+        assert max([abs(x.logprob - y.logprob) for x, y in zip(a.choice_steps, b.choice_steps)] or [0]) < 1e-4
 
 
 def test_input_major_weights_give_the_same_records_and_leave_the_model_as_it_was(smollm2):
@@ -581,3 +654,4 @@ def test_input_major_weights_are_restored_when_a_rollout_fails(tiny):
     with pytest.raises(RuntimeError, match="environment crashed"):
         engine.run([Broken()], [0], "gridworld")
     assert all(p.is_contiguous() for p in model.parameters())
+    assert model.config._attn_implementation == "sdpa"  # decode_attention_backend put it back
