@@ -161,7 +161,8 @@ def performance() -> str:
               "without s | whole rollout | decode loop | decode tok/s with |", "| --- |" + " --- |" * 6]
     ablations = [("rollout_speed_cache", "engine_concat", "KV cache written in place (`BufferedCache`) vs "
                   "transformers' `DynamicCache`"), ("rollout_speed_layout", "engine_row_major", "weights input-major "
-                  "while decoding (`decode_weight_layout`) vs row-major")]
+                  "while decoding (`decode_weight_layout`) vs row-major"), ("rollout_speed_attention", "engine_sdpa",
+                  "keys cached transposed, `decode_attention` vs SDPA")]
     for name, without, label in ablations:  # each file: the engine and one ablation, back to back in one run
         rows = (RESULTS / f"{name}.jsonl").read_text().splitlines()
         cells = {(c["turns"], c["method"]): c for c in map(json.loads, rows) if c}
@@ -183,7 +184,10 @@ def performance() -> str:
                               "[rollout_speed.md](benchmarks/results/rollout_speed.md); with `--methods engine "
                               "engine_concat` [rollout_speed_cache.md](benchmarks/results/rollout_speed_cache.md) and "
                               "`--methods engine engine_row_major` [rollout_speed_layout.md]"
-                              "(benchmarks/results/rollout_speed_layout.md); "
+                              "(benchmarks/results/rollout_speed_layout.md), `--methods engine engine_sdpa` "
+                              "[rollout_speed_attention.md](benchmarks/results/rollout_speed_attention.md); one decode "
+                              "step against context length: `python benchmarks/decode_step.py`, "
+                              "[decode_step.md](benchmarks/results/decode_step.md); "
                               "`python benchmarks/vs_trl.py`, [vs_trl.md](benchmarks/results/vs_trl.md)."])
 
 

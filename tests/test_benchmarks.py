@@ -362,3 +362,19 @@ def test_zero_shot_random_policy_is_the_uniform_reference(tmp_path):
     assert "uniformly random action" in table and "| `gridworld` | `{}` | choice | 3000 | 0.03 |" in table
     free = subprocess.run(cmd + ["--env-id", "arithmetic"], capture_output=True, text=True, cwd=root)
     assert free.returncode != 0 and "has no action names" in free.stderr and "Traceback" not in free.stderr
+
+
+def test_decode_step_times_every_configuration_and_rejects_bad_flags(tmp_path):
+    """decode_step.py times the engine's kernels, SDPA and the plain loop at each context length and writes both
+    files."""
+    from benchmarks import decode_step
+
+    args = decode_step.Args(model="tiny", batch_size=3, contexts=[8, 40], steps=2, repeats=2, output=str(tmp_path / "ds"))
+    results = decode_step.main(args)
+    assert sorted((r["context"], r["config"]) for r in results) == sorted((c, n) for c in (8, 40) for n in decode_step.CONFIGS)
+    assert all(r["step_ms"] > 0 and r["tok_s"] == pytest.approx(3000 / r["step_ms"]) for r in results)
+    md = (tmp_path / "ds.md").read_text()
+    assert md.count("\n| 8 |") == 1 and md.count("\n| 40 |") == 1 and "Command: `" in md
+    assert len((tmp_path / "ds.jsonl").read_text().splitlines()) == 6
+    with pytest.raises(SystemExit, match="--contexts"):
+        decode_step.main(decode_step.Args(model="tiny", contexts=[0], output=""))
