@@ -150,7 +150,7 @@ class Args:
     top_p: float = 1.0
     """nucleus sampling during training rollouts"""
     top_k: int = 0
-    """sample each token among the k most likely only (0: off); free mode: `--temperature 2 --top-k 4` (docs item 17)"""
+    """free mode: the policy samples each token among the k most likely only, and is trained as that (0: off; item 17)"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
     """`hf`: the trained model samples (CPU or GPU); `vllm`: a vLLM engine on the GPU samples (free mode only) and
     gets the trained weights after every update (pip install -r requirements-gpu.txt)"""
@@ -478,7 +478,7 @@ if __name__ == "__main__":
                         gathered(fsdp_layers if reference is model else []):
                     for c in (c for c in chunks if c is not None):
                         ref = policy_logprobs(reference, [train_trajs[i] for i in c], args.action_mode, args.temperature,
-                                              args.choice_token_norm, *trunk(c)).logprobs
+                                              args.choice_token_norm, *trunk(c), top_k=args.top_k).logprobs
                         ref_logp[c.start:c.stop, : ref.shape[1]] = ref
                 ref_s = time.time() - tr
             model.train()
@@ -488,12 +488,12 @@ if __name__ == "__main__":
                     if c is None:
                         pad = policy_logprobs(model, trajs[:1], args.action_mode, args.temperature, args.choice_token_norm,
                                               *(([trunk_inputs[0][0]], frozen_below, [trunk_inputs[0][1]])
-                                                if train_inputs is not None else (None, 0, None)))
+                                                if train_inputs is not None else (None, 0, None)), top_k=args.top_k)
                         (pad.logprobs.sum() * 0).backward()
                         continue
                     with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
                         units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
-                                                args.choice_token_norm, *trunk(c))
+                                                args.choice_token_norm, *trunk(c), top_k=args.top_k)
                     width = units.logprobs.shape[1]
                     sl = (slice(c.start, c.stop), slice(0, width))
                     if epoch == 0 and replayed[c].any():  # a replayed episode's sampler is long gone: its pi_old is

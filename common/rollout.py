@@ -68,7 +68,8 @@ def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, g
     """Returns (token ids, their log-probs under softmax(logits / T)). T = 0 is greedy (log-probs at T = 1).
 
     top-k, then top-p, truncate the distribution that is sampled from (renormalised), as transformers' generate
-    does; the log-probs returned are under the untruncated softmax(logits / T), which the trainer recomputes."""
+    does. With top-k the policy is that truncated distribution, and the log-probs returned are under it (the
+    trainer recomputes them so: `policy_logprobs(top_k=...)`); top-p's are under the untruncated softmax(logits / T)."""
     if temperature == 0:
         token = logits.argmax(-1)
         return token, F.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
@@ -77,7 +78,8 @@ def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, g
     if 0 < top_k < probs.shape[-1]:
         kth = probs.topk(top_k, -1).values[..., -1:]
         probs = probs.masked_fill(probs < kth, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
+        kept = probs.sum(-1, keepdim=True)
+        probs, logprobs = probs / kept, logprobs - kept.log()
     if top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the first token always survives)
@@ -691,7 +693,7 @@ def _branch_layout(trajs: list[Trajectory]):
 def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperature: float = 1.0,
                     choice_token_norm: bool = False, layer_inputs: list[torch.Tensor] | None = None,
                     from_layer: int = 0, branch_inputs: list[torch.Tensor | None] | None = None,
-                    share_prefix: bool = True) -> UnitBatch:
+                    share_prefix: bool = True, top_k: int = 0) -> UnitBatch:
     """One packed forward over the records (right-padded), log-probs and entropies at the policy units.
 
     The LM head runs only at the positions that predict a policy token, not over the whole sequence.
@@ -708,6 +710,9 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
     meet in that one prefix forward. Same numbers as the plain forward, at a fraction of the tokens. Off by
     itself where it cannot apply: one record, multi-token action names (the tree layout), layers under
     gradient checkpointing (they drop the cache) or sharded by FSDP2 (one forward of a layer per backward).
+
+    `top_k` (free mode): log-probs and entropies under the distribution the rollout sampled from, softmax over the
+    k most likely tokens (`sample_from_logits`); the recorded token stays in it should an update push it out.
     """
     device = next(model.parameters()).device
     body, head = _lm_parts(model)
@@ -801,8 +806,12 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
         else:
             positions = torch.tensor([j for j, m in enumerate(t.source_mask) if m], device=device)
             logits = head(hidden[i, positions - 1 - shared]).float() / temp
+            taken = ids[i, positions - shared][:, None]
+            if 0 < top_k < logits.shape[-1]:  # the dtype's minimum, not -inf: p log p stays 0 and its gradient finite
+                dropped = (logits < logits.topk(top_k, -1).values[:, -1:]).scatter(-1, taken, False)
+                logits = logits.masked_fill(dropped, torch.finfo(logits.dtype).min)
             logp_all = F.log_softmax(logits, -1)
-            lp = list(logp_all.gather(-1, ids[i, positions - shared][:, None]).squeeze(-1).unbind())
+            lp = list(logp_all.gather(-1, taken).squeeze(-1).unbind())
             ent = list((-(logp_all.exp() * logp_all).sum(-1)).unbind())
         rows_lp.append(lp)
         rows_ent.append(ent)

@@ -1,5 +1,6 @@
 """The rollout engine and the trainer-side scoring: token-in/token-out records, masks, KV cache, choice mode."""
 
+import math
 import time
 
 import pytest
@@ -93,6 +94,24 @@ def test_trainer_logprobs_match_behaviour_logprobs(tiny, mode):
     assert not torch.allclose(units.entropy[mask.bool()], -units.logprobs[mask.bool()])
 
 
+def test_top_k_trainer_logprobs_are_the_sampled_distributions(tiny):
+    """With top-k the policy is the truncated distribution: the trainer's log-probs equal the recorded ones, its
+    entropy is at most log k, and a token that has left the top k keeps a finite log-prob (ratio, not NaN)."""
+    model, _ = tiny
+    _, trajs = run(tiny, "free", n=4, seed=3, max_turn_tokens=6, temperature=2.0, top_k=3)
+    behaviour, mask = behavior_units(trajs, "free")
+    with torch.no_grad():
+        truncated = policy_logprobs(model, trajs, "free", 2.0, top_k=3)
+        full = policy_logprobs(model, trajs, "free", 2.0)
+        one = policy_logprobs(model, trajs, "free", 2.0, top_k=1)  # the recorded token is outside it at some units
+    on = mask.bool()
+    assert (truncated.logprobs - behaviour).abs()[on].max().item() < 1e-4
+    assert (full.logprobs - behaviour)[on].max().item() < -1e-3  # the untruncated softmax is another distribution
+    assert (truncated.entropy[on] <= math.log(3) + 1e-5).all() and (full.entropy[on] > math.log(3)).any()
+    assert torch.isfinite(one.logprobs[on]).all() and (one.logprobs[on] < -1e-3).any()
+    assert torch.isfinite(one.entropy[on]).all()
+
+
 def test_choice_mode_matches_direct_per_action_scoring(tiny):
     """Each step's stored action log-prob equals an independent full forward of prompt + each action name."""
     model, tok = tiny
@@ -158,7 +177,8 @@ def test_top_k_samples_only_the_k_most_likely_tokens():
                                      top_k=4)
     counts = torch.bincount(token, minlength=logits.shape[1])
     assert counts[4:].sum() == 0 and (counts[:4] > 800).all()  # the 4 best, in about their renormalised shares
-    assert torch.allclose(logp, F.log_softmax(logits / 2.0, -1).gather(-1, token[:, None]).squeeze(-1))  # untruncated
+    # log-probs under the truncated distribution that was sampled: softmax over the 4 best logits / T
+    assert torch.allclose(logp, F.log_softmax(logits[:, :4] / 2.0, -1).gather(-1, token[:, None]).squeeze(-1))
     untruncated, _ = sample_from_logits(logits, temperature=2.0, top_p=1.0, generator=torch.Generator().manual_seed(0))
     assert (untruncated >= 4).float().mean() > 0.5  # without it, T = 2 spreads most of the mass over the long tail
 
