@@ -25,6 +25,8 @@
 #   6. SmolLM2-135M at GRPO's learning rate and batch (--learning-rate 1e-4 --num-episodes 8, 25 iterations): greedy
 #      success 1.00 (return 3.50-3.55) at every evaluation from 40 episodes on; 50 s per iteration on average, idle
 #      machine (run 2 of benchmarks/results/ppo_gae_agent_gridworld.md).
+#   6b. SEEDS="1 2 3": run 6 on seeds 1-3 (current engine): greedy success 1.000 +- 0.000, return 3.533 +- 0.024
+#      after 200 episodes (benchmarks/results/ppo_gae_agent_gridworld.md, "Run 2 on seeds 1, 2 and 3").
 #   7. BABYAI=1: the same settings on BabyAI GoToRedBall, 24 steps (GLAM's setting; docs/ppo_gae_agent.md "Results").
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
@@ -97,6 +99,19 @@ python benchmarks/summarize_run.py "$(ls -d "$OUT"/gridworld__smollm2-defaults__
 timed python algorithms/ppo_gae_agent.py --learning-rate 1e-4 --num-episodes 8 --total-iterations 25 --checkpoint-every 5 \
     --exp-name lr1e-4 --output-dir "$OUT"
 python benchmarks/summarize_run.py "$(ls -d "$OUT"/gridworld__lr1e-4__* | tail -1)" --every 8
+
+if [ -n "${SEEDS:-}" ]; then
+  # 6b. Run 2 on several seeds (published: SEEDS="1 2 3", one after the other, alone except where the results file
+  #     says otherwise): mean +- std over the seeds, and the greedy-return curve
+  #     (in ${OUT}_seeds, beside $OUT: the last plot below would average them with run 6, whose name they share)
+  for seed in $SEEDS; do
+    timed python algorithms/ppo_gae_agent.py --learning-rate 1e-4 --num-episodes 8 --total-iterations 25 \
+        --checkpoint-every 5 --seed "$seed" --exp-name lr1e-4 --output-dir "${OUT}_seeds"
+    python benchmarks/summarize_run.py "$(ls -d "${OUT}_seeds"/gridworld__lr1e-4__"$seed"__* | tail -1)" --every 40
+  done
+  python benchmarks/plot.py "${OUT}_seeds" --tags eval/success_rate eval/episodic_return charts/success_rate \
+      --x-axes episodes --output "${OUT}_seeds/results"
+fi
 
 if [ -n "${BABYAI:-}" ]; then
   # 7. GLAM's setting: BabyAI GoToRedBall in choice mode, 24 steps, 8 greedy evaluation episodes on unseen layouts
