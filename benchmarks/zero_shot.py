@@ -101,18 +101,23 @@ def near_optimal_cell(row: dict) -> str:
 def markdown_table(path: str) -> str:
     """One row per run in `path`: the environment, its settings and what was measured."""
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions | "
-             "near-optimal | mean length | tokens/s | load avg | commit |", "|-|-|-|-|-|-|-|-|-|-|-|-|"]
+    # several models or temperatures in one file (e.g. a trained checkpoint beside its base): one column says whose row
+    mixed = len({(r["settings"]["model"], r["settings"]["temperature"]) for r in rows}) > 1
+    lines = [("| model | temperature " if mixed else "") + "| env id | env kwargs | action mode | episodes | success | "
+             "mean return | invalid actions | near-optimal | mean length | tokens/s | load avg | commit |",
+             "|-|-|-|-|-|-|-|-|-|-|-|-|" + ("-|-|" if mixed else "")]
     for r in rows:
         s = r["settings"]
         load = f"{r['load_average_1min']:.1f}" if "load_average_1min" in r else "not recorded"
         tokens_per_s = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else ""  # blank: no LM (`--model random`)
-        lines.append(f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
+        lines.append((f"| `{s['model']}` | {s['temperature']} " if mixed else "") +
+                     f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
                      f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
                      f"{near_optimal_cell(r)} | {r['episode_length']:.1f} | {tokens_per_s} | {load} | {r['commit']} |")
     machines = sorted({r["machine"] for r in rows})
     model = rows[0]["settings"]["model"]
-    policy = ("A uniformly random action name every step (`--model random`, no LM)" if model == "random" else
+    policy = ("Each row's model and temperature in its first columns" if mixed else
+              "A uniformly random action name every step (`--model random`, no LM)" if model == "random" else
               f"Model `{model}` zero-shot, temperature {rows[0]['settings']['temperature']}")
     return "\n".join([f"{policy}; near-optimal: share of episodes with a return within {1 - NEAR_OPTIMAL:.0%} of the "
                       f"optimum (blank: the env does not know its optimum); machine: {'; '.join(machines)}. A load average above "
