@@ -57,6 +57,8 @@ class Args:
     """measurements per (configuration, context), interleaved; the fastest is reported"""
     seed: int = 0
     """seed of the random context"""
+    dtype: str = "float32"
+    """weight and KV-cache precision: `float32` (the trainer's) or `bfloat16` (`grpo_agent.py --rollout-dtype`)"""
     output: str = "benchmarks/results/decode_step"
     """output prefix: writes {output}.md and {output}.jsonl (empty: print only)"""
 
@@ -79,7 +81,10 @@ def main(args: Args) -> list[dict]:
     if args.batch_size < 1 or args.steps < 1 or args.repeats < 1 or not args.contexts or min(args.contexts) < 1:
         raise SystemExit("decode_step.py: --batch-size, --steps, --repeats and every --contexts must be >= 1")
     started, load_start = time.time(), os.getloadavg()[0]
+    if args.dtype not in ("float32", "bfloat16"):
+        raise SystemExit(f"decode_step.py: --dtype must be float32 or bfloat16, got {args.dtype!r}")
     model, tok = load_model(args.model)
+    model.to(getattr(torch, args.dtype))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     generator = torch.Generator().manual_seed(args.seed)
     results = []
@@ -109,7 +114,7 @@ def report(args: Args, results: list[dict], load: tuple, seconds: float) -> str:
                            text=True).stdout.strip()
     command = "python benchmarks/decode_step.py " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("decode_step.py") \
         else f"decode_step.main({args})"
-    lines = [f"# One decode step of the rollout engine (`{args.model}`, B = {args.batch_size})", "",
+    lines = [f"# One decode step of the rollout engine (`{args.model}`, {args.dtype}, B = {args.batch_size})", "",
              f"Command: `{command}`", "",
              f"Machine: {platform.platform()}, {os.cpu_count()} cores, torch {torch.__version__} with "
              f"{torch.get_num_threads()} threads. Git commit {commit or 'unknown'}"

@@ -12,18 +12,21 @@ Nothing here downloads: `tiny` needs no files, `smollm2-135m` reads a file that 
 Training helpers shared by the gradient-based scripts (see "LoRA, precision, memory" below):
 `apply_lora` (peft adapters, base frozen), `adapter_disabled` (the reference policy without a second copy),
 `save_model` (full weights, or only the adapter plus the name of its base), `autocast` (bf16 on CUDA, a
-no-op on CPU), `enable_gradient_checkpointing` and `parameter_counts`. `load_model` also loads an adapter
+no-op on CPU), `sampling_copy` / `refresh_sampling_copy` (a bf16 copy of the policy for rollouts),
+`enable_gradient_checkpointing` and `parameter_counts`. `load_model` also loads an adapter
 directory written by `save_model`: it rebuilds the recorded base and attaches the adapter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import json
 import os
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -254,6 +257,30 @@ def autocast(device: torch.device | str):
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def sampling_copy(model, dtype: str = "float32"):
+    """The weights a rollout samples with: `model` itself for "float32", else a frozen copy in `dtype` ("bfloat16")
+    that `refresh_sampling_copy` brings up to date after each update (the trainer keeps its fp32 weights).
+
+    Why: a decode step reads every weight and the whole KV cache for one token per row, so it is bound by memory
+    traffic; in bf16 it reads half the bytes. On a CPU with AVX512-BF16 (this project's machine) that is ~1.6x the
+    decode tokens/s of fp32 (benchmarks/results/decode_step.md); on a CPU without it bf16 matmuls are emulated and
+    slower. The copy's log-probs differ from the trainer's by bf16 rounding: an importance ratio, as with vLLM."""
+    if dtype == "float32":
+        return model
+    return copy.deepcopy(model).to(getattr(torch, dtype)).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def refresh_sampling_copy(sampler, model) -> float:
+    """Copy `model`'s weights into its `sampling_copy` (cast to the copy's dtype); returns the seconds it took."""
+    if sampler is model:
+        return 0.0
+    start = time.perf_counter()
+    for dst, src in zip(sampler.parameters(), model.parameters(), strict=True):  # deepcopy kept the order (and ties)
+        dst.copy_(src)
+    return time.perf_counter() - start
 
 
 def train_top_layers(model, trainable_layers: int, lora_r: int = 0, lora_alpha: float = 16.0, checkpointing: bool = False):

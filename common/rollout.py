@@ -861,9 +861,11 @@ def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int,
     Tokens never fed during the rollout (each episode's last action) get zeros: nothing reads their output
     and, attention being causal, they influence no earlier position. `branches`: per row (start, inputs or
     None), the candidates' recorded inputs placed after the record (the tree layout of `_branch_layout`).
-    `cache`: a KV cache to extend (its entries sit at the layers' own indices).
+    `cache`: a KV cache to extend (its entries sit at the layers' own indices). Inputs recorded by a sampler in
+    another dtype (a bf16 `sampling_copy`) are promoted to the trained layers' dtype.
     """
-    x = layer_inputs[0].new_zeros((len(layer_inputs), pos.shape[1], layer_inputs[0].shape[-1]))
+    dtype = torch.promote_types(layer_inputs[0].dtype, next(body.layers[from_layer].parameters()).dtype)
+    x = layer_inputs[0].new_zeros((len(layer_inputs), pos.shape[1], layer_inputs[0].shape[-1]), dtype=dtype)
     for i, states in enumerate(layer_inputs):
         x[i, : len(states)] = states
     for i, (start, states) in enumerate(branches or []):

@@ -13,7 +13,8 @@ import torch
 import envs
 from common.exploration import NoveltyBonus, SelfImitationMemory
 from common.records import Trajectory, Turn
-from common.rollout import RolloutConfig, RolloutEngine, format_demonstrations, policy_logprobs
+from common.models import load_model, refresh_sampling_copy, sampling_copy
+from common.rollout import RolloutConfig, RolloutEngine, behavior_units, format_demonstrations, policy_logprobs
 from common.tracking import read_scalars
 from tests.distributed_runs import torchrun_command
 
@@ -152,6 +153,36 @@ def test_format_demonstrations_train_only_valid_action_names(tiny):
         assert all(tuple(d.token_ids[s:e]) in names for s, e in spans)
 
 
+def test_bf16_sampling_copy_follows_the_trained_weights_and_its_trunk_feeds_the_fp32_trainer():
+    """--rollout-dtype bfloat16: a frozen bf16 copy samples; a refresh gives it the trained weights (rounded); the
+    fp32 trainer starts from the layer inputs the copy recorded, and its log-probs are the copy's up to bf16
+    rounding (the sampler -> trainer gap the ratio absorbs), as a full fp32 forward's are."""
+    model, tok = load_model("tiny", "cpu", seed=0)  # not the session fixture: this test changes the weights
+    assert sampling_copy(model, "float32") is model and refresh_sampling_copy(model, model) == 0.0
+    sampler = sampling_copy(model, "bfloat16")
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in sampler.parameters())
+    with torch.no_grad():
+        for p in model.parameters():  # an update
+            p.add_(torch.randn_like(p) * 0.01)
+    assert not all(torch.equal(d, s.to(torch.bfloat16)) for d, s in zip(sampler.parameters(), model.parameters()))
+    assert refresh_sampling_copy(sampler, model) > 0
+    assert all(torch.equal(d, s.to(torch.bfloat16)) for d, s in zip(sampler.parameters(), model.parameters()))
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the trainer's weights stay fp32
+
+    engine = RolloutEngine(sampler, tok, RolloutConfig(action_mode="choice", choice_token_norm=True), record_layer_inputs=1)
+    trajs = engine.run([envs.make("gridworld") for _ in range(2)], [0, 1], generator=torch.Generator().manual_seed(0))
+    assert engine.layer_inputs[0].dtype == torch.bfloat16
+    recorded, mask = behavior_units(trajs, "choice")
+    from_trunk = policy_logprobs(model, trajs, "choice", 1.0, True, engine.layer_inputs, 1, engine.branch_inputs)
+    full = policy_logprobs(model, trajs, "choice", 1.0, True)
+    assert from_trunk.logprobs.dtype == torch.float32
+    trunk_gap = ((from_trunk.logprobs - recorded).abs() * mask).max().item()
+    full_gap = ((full.logprobs - recorded).abs() * mask).max().item()
+    print(f"bf16 sampler vs fp32 trainer, max |log-prob gap| over {int(mask.sum())} actions: from the recorded trunk "
+          f"{trunk_gap:.4f}, full fp32 forward {full_gap:.4f}")
+    assert 0 < trunk_gap < 0.05 and 0 < full_gap < 0.05
+
+
 def run_grpo(tmp_path, *flags, timeout=1500):
     cmd = [sys.executable, str(ROOT / "algorithms" / "grpo_agent.py"), "--output-dir", str(tmp_path), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
@@ -213,6 +244,20 @@ def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypa
     assert calls and all(from_layer == 1 and with_branches for from_layer, _, with_branches in calls), calls
     assert len(calls) == 2 * 2  # 2 iterations x 2 epochs, one micro-batch each
     assert max(v for _, v in scalars["diagnostics/logprob_mismatch"]) < 1e-4
+
+
+def test_bf16_rollouts_run_and_log_the_sampler_trainer_gap(tmp_path):
+    """`--rollout-dtype bfloat16` end to end on `tiny` from the frozen trunk: the copy is refreshed after every
+    update (perf/weight_sync_s > 0) and the recorded-vs-recomputed gap is bf16 rounding, not zero and not large."""
+    run_dir, out = run_grpo(tmp_path, "--model", "tiny", "--rollout-dtype", "bfloat16", "--trainable-layers", "1",
+                            "--total-iterations", "2", "--group-size", "4", "--eval-every", "2", "--eval-episodes", "2",
+                            "--max-total-tokens", "1200", "--no-filter-zero-variance")
+    scalars = read_scalars(run_dir)
+    gaps = [v for _, v in scalars["diagnostics/logprob_mismatch"]]
+    assert all(0 < g < 0.1 for g in gaps), gaps
+    assert all(v > 0 for _, v in scalars["perf/weight_sync_s"]) and "eval/success_rate" in scalars
+    with pytest.raises(SystemExit, match="--rollout-dtype applies to --rollout-backend hf"):
+        grpo.validate_args(grpo.Args(rollout_dtype="bfloat16", rollout_backend="vllm", action_mode="free"))
 
 
 def test_smoke_one_iteration_with_smollm2(tmp_path, smollm2):
