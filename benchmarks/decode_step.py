@@ -8,13 +8,15 @@ reaches >= 150 generated tokens/s", against a plain KV-cache decode loop (74 tok
 decode steps with observation prefills and environment steps, and its tokens/s depends on how long the
 episodes' contexts have grown (benchmarks/rollout_speed.py). This script isolates the decode step: B rows of T
 cached tokens, then `--steps` forwards of one token per row through `common.rollout.KVBatch` (the engine's cache
-and forward, LM head included, sampling excluded), in three configurations run back to back:
+and forward, LM head included, sampling excluded), in four configurations run back to back:
 
 * `engine`: the rollout engine's defaults on a CPU: weights input-major (`decode_weight_layout`), keys cached
   transposed and attended by `decode_attention` (`decode_attention_backend`);
 * `sdpa`: the same with the keys in the usual layout and torch's SDPA (`RolloutConfig.transposed_keys=False`);
 * `plain`: weights row-major and SDPA as well: an in-place KV cache with transformers' kernels, i.e. the plain
-  decode loop the target is measured against.
+  decode loop the target is measured against;
+* `engine_bf16`: the engine's defaults on a bf16 copy of the model (`grpo_agent.py --rollout-dtype bfloat16`):
+  half the bytes per step, and this machine's CPU has AVX512-BF16.
 
 The context is one random sequence prefilled once and its cache row repeated B times (rows alike; no padding).
 Each configuration is measured `--repeats` times, interleaved, and the fastest repeat is reported (the others are
@@ -37,10 +39,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 import tyro
 
-from common.models import load_model
+from common.models import load_model, sampling_copy
 from common.rollout import KVBatch, decode_attention_backend, decode_weight_layout
 
-CONFIGS = {"engine": (True, True), "sdpa": (True, False), "plain": (False, False)}  # (input-major, transposed keys)
+# (input-major weights, transposed keys, weight and cache dtype)
+CONFIGS = {"engine": (True, True, "float32"), "sdpa": (True, False, "float32"), "plain": (False, False, "float32"),
+           "engine_bf16": (True, True, "bfloat16")}
 
 
 @dataclass
@@ -57,15 +61,14 @@ class Args:
     """measurements per (configuration, context), interleaved; the fastest is reported"""
     seed: int = 0
     """seed of the random context"""
-    dtype: str = "float32"
-    """weight and KV-cache precision: `float32` (the trainer's) or `bfloat16` (`grpo_agent.py --rollout-dtype`)"""
     output: str = "benchmarks/results/decode_step"
     """output prefix: writes {output}.md and {output}.jsonl (empty: print only)"""
 
 
-def time_steps(model, pad_id: int, context: list[int], batch: int, steps: int, config: str) -> float:
+def time_steps(models: dict, pad_id: int, context: list[int], batch: int, steps: int, config: str) -> float:
     """Seconds per decode step of `batch` rows after `context`, under one configuration."""
-    input_major, transposed = CONFIGS[config]
+    input_major, transposed, dtype = CONFIGS[config]
+    model = models[dtype]
     with torch.no_grad(), decode_weight_layout(model, input_major), decode_attention_backend(model, transposed):
         kv = KVBatch(model, pad_id)
         kv.feed([context])
@@ -81,10 +84,8 @@ def main(args: Args) -> list[dict]:
     if args.batch_size < 1 or args.steps < 1 or args.repeats < 1 or not args.contexts or min(args.contexts) < 1:
         raise SystemExit("decode_step.py: --batch-size, --steps, --repeats and every --contexts must be >= 1")
     started, load_start = time.time(), os.getloadavg()[0]
-    if args.dtype not in ("float32", "bfloat16"):
-        raise SystemExit(f"decode_step.py: --dtype must be float32 or bfloat16, got {args.dtype!r}")
     model, tok = load_model(args.model)
-    model.to(getattr(torch, args.dtype))
+    models = {"float32": model, "bfloat16": sampling_copy(model, "bfloat16")}  # grpo_agent.py --rollout-dtype bfloat16
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     generator = torch.Generator().manual_seed(args.seed)
     results = []
@@ -93,7 +94,7 @@ def main(args: Args) -> list[dict]:
         best = {name: float("inf") for name in CONFIGS}
         for _ in range(args.repeats):
             for name in CONFIGS:
-                best[name] = min(best[name], time_steps(model, pad_id, context, args.batch_size, args.steps, name))
+                best[name] = min(best[name], time_steps(models, pad_id, context, args.batch_size, args.steps, name))
         for name, seconds in best.items():
             results.append({"model": args.model, "batch_size": args.batch_size, "context": length, "config": name,
                             "step_ms": seconds * 1000, "tok_s": args.batch_size / seconds})
@@ -114,7 +115,7 @@ def report(args: Args, results: list[dict], load: tuple, seconds: float) -> str:
                            text=True).stdout.strip()
     command = "python benchmarks/decode_step.py " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("decode_step.py") \
         else f"decode_step.main({args})"
-    lines = [f"# One decode step of the rollout engine (`{args.model}`, {args.dtype}, B = {args.batch_size})", "",
+    lines = [f"# One decode step of the rollout engine (`{args.model}`, B = {args.batch_size})", "",
              f"Command: `{command}`", "",
              f"Machine: {platform.platform()}, {os.cpu_count()} cores, torch {torch.__version__} with "
              f"{torch.get_num_threads()} threads. Git commit {commit or 'unknown'}"
@@ -122,14 +123,17 @@ def report(args: Args, results: list[dict], load: tuple, seconds: float) -> str:
              f"{load[0]:.2f} / {load[1]:.2f}; the run took {seconds:.0f} s. Fastest of {args.repeats} interleaved "
              f"repeats of {args.steps} steps each; absolute times hold for this machine only, read the ratios.", "",
              "| cached tokens per row | engine ms / step | engine tok/s | sdpa ms / step | plain ms / step | "
-             "sdpa / engine | plain / engine |", "| ---: |" + " ---: |" * 6]
+             "sdpa / engine | plain / engine | engine bf16 ms / step | engine bf16 tok/s | engine / engine bf16 |",
+             "| ---: |" + " ---: |" * 9]
     for length in args.contexts:
-        e, s, p = (by[(length, c)] for c in CONFIGS)
+        e, s, p, b = (by[(length, c)] for c in CONFIGS)
         lines.append(f"| {length} | {e['step_ms']:.1f} | {e['tok_s']:.0f} | {s['step_ms']:.1f} | {p['step_ms']:.1f} | "
-                     f"{s['step_ms'] / e['step_ms']:.2f}x | {p['step_ms'] / e['step_ms']:.2f}x |")
+                     f"{s['step_ms'] / e['step_ms']:.2f}x | {p['step_ms'] / e['step_ms']:.2f}x | {b['step_ms']:.1f} | "
+                     f"{b['tok_s']:.0f} | {e['step_ms'] / b['step_ms']:.2f}x |")
     lines += ["", "engine: weights input-major + keys transposed with `decode_attention`; sdpa: weights input-major, "
-              "keys in the usual layout, torch's SDPA; plain: weights row-major, SDPA. tok/s = B / seconds per step "
-              "(one token per row per step)."]
+              "keys in the usual layout, torch's SDPA; plain: weights row-major, SDPA (all three fp32); engine bf16: the "
+              "engine's defaults on a bf16 copy of the model (`sampling_copy`, `grpo_agent.py --rollout-dtype "
+              "bfloat16`): weights and KV cache in bf16. tok/s = B / seconds per step (one token per row per step)."]
     return "\n".join(lines) + "\n"
 
 

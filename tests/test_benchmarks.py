@@ -375,6 +375,6 @@ def test_decode_step_times_every_configuration_and_rejects_bad_flags(tmp_path):
     assert all(r["step_ms"] > 0 and r["tok_s"] == pytest.approx(3000 / r["step_ms"]) for r in results)
     md = (tmp_path / "ds.md").read_text()
     assert md.count("\n| 8 |") == 1 and md.count("\n| 40 |") == 1 and "Command: `" in md
-    assert len((tmp_path / "ds.jsonl").read_text().splitlines()) == 6
+    assert len((tmp_path / "ds.jsonl").read_text().splitlines()) == 2 * len(decode_step.CONFIGS) == 8
     with pytest.raises(SystemExit, match="--contexts"):
         decode_step.main(decode_step.Args(model="tiny", contexts=[0], output=""))
