@@ -159,7 +159,7 @@ class Args:
     gets the trained weights after every update (pip install -r requirements-gpu.txt)"""
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"
     """`hf` backend: the precision the policy samples (and is evaluated) in; `bfloat16`: a bf16 copy of it, refreshed
-    after every update (~1.6x the decode tokens/s on a CPU with AVX512-BF16; pi_old is then the copy's, item 20)"""
+    after every update (1.2-2x the decode tokens/s on a CPU with AVX512-BF16; pi_old is then the copy's, item 20)"""
     vllm_gpu_memory_utilization: float = 0.3
     """`--rollout-backend vllm`: share of GPU memory vLLM may take (weights + KV cache); the trainer gets the rest"""
     max_turn_tokens: int = 8

@@ -264,9 +264,9 @@ def sampling_copy(model, dtype: str = "float32"):
     that `refresh_sampling_copy` brings up to date after each update (the trainer keeps its fp32 weights).
 
     Why: a decode step reads every weight and the whole KV cache for one token per row, so it is bound by memory
-    traffic; in bf16 it reads half the bytes. On a CPU with AVX512-BF16 (this project's machine) that is ~1.6x the
-    decode tokens/s of fp32 (benchmarks/results/decode_step.md); on a CPU without it bf16 matmuls are emulated and
-    slower. The copy's log-probs differ from the trainer's by bf16 rounding: an importance ratio, as with vLLM."""
+    traffic; in bf16 it reads half the bytes. On a CPU with AVX512-BF16 (this project's machine) that is 1.2-2x the
+    decode tokens/s of fp32 (benchmarks/results/decode_step_bf16.md); on a CPU without it bf16 matmuls are emulated
+    and slower. The copy's log-probs differ from the trainer's by bf16 rounding: an importance ratio, as with vLLM."""
     if dtype == "float32":
         return model
     return copy.deepcopy(model).to(getattr(torch, dtype)).eval().requires_grad_(False)
