@@ -42,7 +42,6 @@ Where this departs from the paper / seed:
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import sys
@@ -188,7 +187,8 @@ class Args:
 RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir",
              "malloc_mmap_threshold_kib"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
-SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "1", "--eval-episodes", "2"]
+SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "1", "--eval-episodes", "2",
+                   "--no-filter-zero-variance"]  # tiny's group has zero variance there: kept, so losses are logged
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
                "losses/policy_loss", "losses/entropy", "losses/kl", "diagnostics/clip_fraction_low",
                "diagnostics/clip_fraction_high", "diagnostics/ratio_mean", "diagnostics/advantage_std",
@@ -570,8 +570,8 @@ if __name__ == "__main__":
         print0(f"iter {iteration}/{args.total_iterations} | episodes {episodes_seen} "
                f"| return {scalars['charts/episodic_return']:.2f} "
                f"| success {scalars['charts/success_rate']:.2f} | invalid {scalars['charts/invalid_action_rate']:.2f} "
-               f"| loss {scalars.get('losses/policy_loss', math.nan):+.4f} "
-               f"| entropy {scalars.get('losses/entropy', math.nan):.3f} "
+               f"| loss {scalars.get('losses/policy_loss', float('nan')):+.4f} "
+               f"| entropy {scalars.get('losses/entropy', float('nan')):.3f} "
                f"| zero-var {scalars['diagnostics/zero_variance_groups']:.2f} | {rollout_s + update_s:.1f}s "
                f"(rollout {rollout_s:.1f}, update {update_s:.1f}) | {scalars['perf/rollout_tokens_per_s']:.0f} tok/s")
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.total_iterations):

@@ -522,16 +522,23 @@ if __name__ == "__main__":
 
         # ---- logging ----
         ep = episode_metrics(all_trajs)
+        denom = max(stats["num_units"], 1)
         scalars = {
             **{f"charts/{k}": v for k, v in ep.items()},
             "charts/curriculum_level": float(level),
+            "losses/policy_loss": stats["policy_loss"],
+            "losses/entropy": stats["entropy_sum"] / denom,
+            "diagnostics/clip_fraction": stats["clipped"] / denom,
+            "diagnostics/ratio_mean": stats["ratio_sum"] / denom if stats["num_units"] else 1.0,
             "diagnostics/advantage_std": float(train_adv.std(unbiased=False)) if len(train_adv) else 0.0,
             "diagnostics/zero_variance_groups": (filtered_solved + filtered_unsolved) / groups_sampled,
             "diagnostics/filtered_solved_groups": filtered_solved / groups_sampled,
             "diagnostics/filtered_unsolved_groups": filtered_unsolved / groups_sampled,
             "diagnostics/kept_groups": float(len(kept)),
             "diagnostics/sandbox_error_groups": sandbox_errors / groups_sampled,
+            "diagnostics/logprob_mismatch": stats["mismatch"],
             "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
+            "diagnostics/grad_norm": stats["grad_norm"],
             "diagnostics/truncated_turn_rate": float(np.mean([turn.truncated_tokens for t in all_trajs for turn in t.turns])),
             "perf/rollout_s": rollout_s,
             "perf/decode_s": rollout_s - sandbox_s,  # prefill + sampling (the engine's forward passes)
@@ -541,11 +548,6 @@ if __name__ == "__main__":
             "perf/rollout_tokens_per_s": sum(len(t.token_ids) for t in all_trajs) / rollout_s,
             "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in all_trajs) / rollout_s,
         }
-        if stats["num_units"]:  # an iteration without an update (every group filtered) logs no loss, not a placeholder 0
-            n = stats["num_units"]
-            scalars.update({"losses/policy_loss": stats["policy_loss"], "losses/entropy": stats["entropy_sum"] / n,
-                            "diagnostics/clip_fraction": stats["clipped"] / n, "diagnostics/ratio_mean": stats["ratio_sum"] / n,
-                            "diagnostics/logprob_mismatch": stats["mismatch"], "diagnostics/grad_norm": stats["grad_norm"]})
         scalars = all_reduce_mean(scalars)
         tracker.scalars(scalars, episodes_seen)
         if iteration == 1 or iteration % 10 == 0:
