@@ -249,7 +249,7 @@ def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypa
 def test_bf16_rollouts_run_and_log_the_sampler_trainer_gap(tmp_path):
     """`--rollout-dtype bfloat16` end to end on `tiny` from the frozen trunk: the copy is refreshed after every
     update (perf/weight_sync_s > 0) and the recorded-vs-recomputed gap is bf16 rounding, not zero and not large."""
-    run_dir, out = run_grpo(tmp_path, "--model", "tiny", "--rollout-dtype", "bfloat16", "--trainable-layers", "1",
+    run_dir, _ = run_grpo(tmp_path, "--model", "tiny", "--rollout-dtype", "bfloat16", "--trainable-layers", "1",
                             "--total-iterations", "2", "--group-size", "4", "--eval-every", "2", "--eval-episodes", "2",
                             "--max-total-tokens", "1200", "--no-filter-zero-variance")
     scalars = read_scalars(run_dir)
@@ -258,6 +258,20 @@ def test_bf16_rollouts_run_and_log_the_sampler_trainer_gap(tmp_path):
     assert all(v > 0 for _, v in scalars["perf/weight_sync_s"]) and "eval/success_rate" in scalars
     with pytest.raises(SystemExit, match="--rollout-dtype applies to --rollout-backend hf"):
         grpo.validate_args(grpo.Args(rollout_dtype="bfloat16", rollout_backend="vllm", action_mode="free"))
+
+
+def test_an_iteration_without_an_update_logs_no_loss(tmp_path):
+    """On this seed tiny's only group has zero variance and is dropped: nothing is trained, so no loss, entropy or
+    ratio is logged (not a placeholder 0); with the group kept (advantages all 0) they are written."""
+    flags = ["--model", "tiny", "--seed", "3", "--total-iterations", "1", "--group-size", "4", "--eval-every", "0"]
+    (tmp_path / "dropped").mkdir(), (tmp_path / "kept").mkdir()
+    dropped, out = run_grpo(tmp_path / "dropped", *flags)
+    kept, _ = run_grpo(tmp_path / "kept", *flags, "--no-filter-zero-variance")
+    dropped, kept = read_scalars(dropped), read_scalars(kept)
+    assert dropped["diagnostics/zero_variance_groups"][0][1] == 1.0 and "charts/episodic_return" in dropped
+    loss_tags = ("losses/policy_loss", "losses/entropy", "diagnostics/ratio_mean", "diagnostics/logprob_mismatch")
+    assert not any(t in dropped for t in loss_tags) and all(t in kept for t in loss_tags)
+    assert "| loss +nan | entropy nan |" in out
 
 
 def test_smoke_one_iteration_with_smollm2(tmp_path, smollm2):
