@@ -159,6 +159,8 @@ class Args:
     rollout_dtype: Literal["float32", "bfloat16"] = "float32"
     """`hf` backend: the precision the policy samples (and is evaluated) in; `bfloat16`: a bf16 copy of it, refreshed
     after every update (1.2-2x the decode tokens/s on a CPU with AVX512-BF16; pi_old is then the copy's, item 20)"""
+    update_dtype: Literal["float32", "bfloat16"] = "float32"
+    """CPU: `bfloat16` runs the update's forward/backward under bf16 autocast (fp32 weights and AdamW; item 21)"""
     vllm_gpu_memory_utilization: float = 0.3
     """`--rollout-backend vllm`: share of GPU memory vLLM may take (weights + KV cache); the trainer gets the rest"""
     max_turn_tokens: int = 8
@@ -458,16 +460,14 @@ if __name__ == "__main__":
         entropy_sum, policy_loss_sum, mismatch_max, mismatch_sum, ref_s, grad_norm = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         ratio0_sum, clipped0, sync_s = 0.0, 0.0, 0.0  # first epoch: the sampler -> trainer ratio before any step
         num_units = num_seqs = 0
-        # under torchrun every rank joins the same all-reduces: a rank whose groups were all dropped
-        # contributes zero gradients; if every rank's were, nobody steps
+        # torchrun: every rank joins the same all-reduces (zero gradients if its groups were all dropped)
         ranks_with_data = float(bool(train_trajs))
         if args.world_size > 1:
             ranks_with_data = all_reduce_mean({"n": ranks_with_data})["n"] * args.world_size
         if ranks_with_data > 0:
             old_logp, unit_mask = behavior_units(train_trajs, args.action_mode) if train_trajs else (torch.zeros(0, 1),) * 2
             old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
-            # under torchrun: global counts / world size, so the averaged gradients equal one process's on the
-            # whole batch (2 ranks x b == 1 x 2b); locally, the counts themselves
+            # torchrun: global counts / world size, so averaged gradients = one process's on the whole batch
             num_units, num_seqs = global_loss_denominator(unit_mask.sum().item()), len(train_trajs)
             seq_denominator = global_loss_denominator(num_seqs)
             chunks = [range(i, min(i + args.micro_batch_size, num_seqs)) for i in range(0, num_seqs, args.micro_batch_size)]
@@ -480,7 +480,7 @@ if __name__ == "__main__":
             ref_logp = torch.zeros_like(old_logp)
             if ref_model is not None:
                 tr = time.time()
-                with torch.no_grad(), autocast(device), adapter_disabled(ref_model) as reference, \
+                with torch.no_grad(), autocast(device, args.update_dtype), adapter_disabled(ref_model) as reference, \
                         gathered(fsdp_layers if reference is model else []):
                     for c in (c for c in chunks if c is not None):
                         ref = policy_logprobs(reference, [train_trajs[i] for i in c], args.action_mode, args.temperature,
@@ -497,7 +497,7 @@ if __name__ == "__main__":
                                                 if train_inputs is not None else (None, 0, None)), top_k=args.top_k)
                         (pad.logprobs.sum() * 0).backward()
                         continue
-                    with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
+                    with autocast(device, args.update_dtype):  # bf16 on CUDA, on CPU by flag; the backward runs outside
                         units = policy_logprobs(model, [train_trajs[i] for i in c], args.action_mode, args.temperature,
                                                 args.choice_token_norm, *trunk(c), top_k=args.top_k)
                     width = units.logprobs.shape[1]

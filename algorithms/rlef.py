@@ -41,7 +41,8 @@ Where this departs from the paper / seed:
   telescopes from the per-attempt `task` components) plus the `format` penalty (-0.1 per attempt without a
   ```python block). Every sampled token of the episode gets the episode's advantage (outcome supervision).
 - Solvability filtering drops zero-variance groups (in both advantage modes) and spends at most
-  `--resample-budget` extra groups per iteration replacing them; the filtered fraction is logged.
+  `--resample-budget` extra groups per iteration replacing them; the filtered fraction is logged. An iteration
+  left without a group makes no update and logs no loss (`--no-filter-zero-variance` keeps such groups).
 - The curriculum moves up a level when the rolling solve rate of training episodes passes a threshold; it
   never moves down. Training tasks come from the `train` split, evaluation from the disjoint `test` split.
 - pass@k is over one-attempt episodes (`--eval-attempts 1`), as in HumanEval; `eval/pass@1` is the
@@ -153,6 +154,8 @@ class Args:
     """training episodes in the rolling solve rate (it restarts at each promotion)"""
     resample_budget: int = 2
     """solvability filtering: extra groups per iteration that may replace zero-variance groups (0: only drop them)"""
+    filter_zero_variance: bool = True
+    """solvability filtering: drop groups whose returns are all equal; off, they stay in the loss with advantage 0"""
     sft_steps: int = 0
     """cold start: SFT steps on reference solutions of training-split tasks (at --level) before RL"""
     sft_batch_size: int = 4
@@ -187,7 +190,7 @@ class Args:
 RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_tasks", "humaneval_tasks", "save_model", "resume",
              "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
-SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--max-turn-tokens", "8", "--resample-budget", "1",
+SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--max-turn-tokens", "8", "--no-filter-zero-variance",
                    "--sft-steps", "1", "--sft-batch-size", "2", "--eval-tasks", "1", "--humaneval-tasks", "1",
                    "--eval-samples", "2", "--eval-k", "2"]
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
@@ -483,7 +486,8 @@ if __name__ == "__main__":
                 if np.std([t.return_ for t in group]) < 1e-8:
                     filtered_solved += all(t.success for t in group)
                     filtered_unsolved += not all(t.success for t in group)
-                    continue
+                    if args.filter_zero_variance:
+                        continue
                 kept.append(group)
                 if frozen_below is not None:
                     kept_inputs.append(engine.layer_inputs[g * args.group_size:(g + 1) * args.group_size])
@@ -522,23 +526,16 @@ if __name__ == "__main__":
 
         # ---- logging ----
         ep = episode_metrics(all_trajs)
-        denom = max(stats["num_units"], 1)
         scalars = {
             **{f"charts/{k}": v for k, v in ep.items()},
             "charts/curriculum_level": float(level),
-            "losses/policy_loss": stats["policy_loss"],
-            "losses/entropy": stats["entropy_sum"] / denom,
-            "diagnostics/clip_fraction": stats["clipped"] / denom,
-            "diagnostics/ratio_mean": stats["ratio_sum"] / denom if stats["num_units"] else 1.0,
             "diagnostics/advantage_std": float(train_adv.std(unbiased=False)) if len(train_adv) else 0.0,
             "diagnostics/zero_variance_groups": (filtered_solved + filtered_unsolved) / groups_sampled,
             "diagnostics/filtered_solved_groups": filtered_solved / groups_sampled,
             "diagnostics/filtered_unsolved_groups": filtered_unsolved / groups_sampled,
             "diagnostics/kept_groups": float(len(kept)),
             "diagnostics/sandbox_error_groups": sandbox_errors / groups_sampled,
-            "diagnostics/logprob_mismatch": stats["mismatch"],
             "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
-            "diagnostics/grad_norm": stats["grad_norm"],
             "diagnostics/truncated_turn_rate": float(np.mean([turn.truncated_tokens for t in all_trajs for turn in t.turns])),
             "perf/rollout_s": rollout_s,
             "perf/decode_s": rollout_s - sandbox_s,  # prefill + sampling (the engine's forward passes)
@@ -548,14 +545,19 @@ if __name__ == "__main__":
             "perf/rollout_tokens_per_s": sum(len(t.token_ids) for t in all_trajs) / rollout_s,
             "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in all_trajs) / rollout_s,
         }
+        if num_units := stats["num_units"]:  # global count: an iteration without an update logs no loss, not a 0
+            scalars.update({"losses/policy_loss": stats["policy_loss"], "losses/entropy": stats["entropy_sum"] / num_units,
+                            "diagnostics/clip_fraction": stats["clipped"] / num_units,
+                            "diagnostics/ratio_mean": stats["ratio_sum"] / num_units,
+                            "diagnostics/logprob_mismatch": stats["mismatch"], "diagnostics/grad_norm": stats["grad_norm"]})
         scalars = all_reduce_mean(scalars)
         tracker.scalars(scalars, episodes_seen)
         if iteration == 1 or iteration % 10 == 0:
             tracker.trajectories(all_trajs, episodes_seen)
         print0(f"iter {iteration}/{args.total_iterations} | level {level} | episodes {episodes_seen} | pass "
                f"{scalars['charts/pass_fraction']:.2f} | solved {scalars['charts/success_rate']:.2f} | invalid "
-               f"{scalars['charts/invalid_action_rate']:.2f} | filtered {scalars['diagnostics/zero_variance_groups']:.2f} "
-               f"| loss {stats['policy_loss']:+.4f} | {rollout_s + update_s:.1f}s (decode {rollout_s - sandbox_s:.1f}, "
+               f"{scalars['charts/invalid_action_rate']:.2f} | zero-var {scalars['diagnostics/zero_variance_groups']:.2f} "
+               f"| loss {scalars.get('losses/policy_loss', float('nan')):+.4f} | {rollout_s + update_s:.1f}s (decode {rollout_s - sandbox_s:.1f}, "
                f"sandbox {sandbox_s:.1f}, update {update_s:.1f})")
         if promoted:
             level += 1

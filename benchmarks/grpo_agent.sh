@@ -88,7 +88,7 @@ if [ -n "${FREE:-}" ]; then
   timed python algorithms/grpo_agent.py --action-mode free --sft-steps 15 --temperature 2.0 --top-k 4 --novelty-coef 0.1 \
       --sil-coef 1.0 --total-iterations 110 --eval-episodes 4 --checkpoint-every 5 --exp-name free_topk_trunc \
       --output-dir "$OUT/free"
-  # Run 11: run 10 with groups of 16 (the same 880 RL episodes). Published: greedy 1.00 / 3.55 from 240 RL episodes
+  # Run 11: run 10 with groups of 16 (the same 880 RL episodes). Published: greedy 1.00 / 3.50-3.55 from 160 RL episodes
   # on, best sampled 3.55: twice the episodes per update did not find the two-resource path either.
   timed python algorithms/grpo_agent.py --action-mode free --sft-steps 15 --temperature 2.0 --top-k 4 --novelty-coef 0.1 \
       --sil-coef 1.0 --group-size 16 --total-iterations 55 --eval-episodes 4 --checkpoint-every 5 --exp-name free_g16 \
@@ -104,6 +104,14 @@ if [ -n "${BF16:-}" ]; then
         --exp-name rollout_$dtype --output-dir "$OUT/bf16"
   done
   timed python algorithms/grpo_agent.py --rollout-dtype bfloat16 --exp-name main_bf16 --output-dir "$OUT/bf16"
+  # docs/grpo_agent.md item 21: the update under CPU bf16 autocast too (--update-dtype bfloat16; CPUs with AMX or
+  # AVX512-BF16): the first 3 iterations with the update in fp32 then bf16, then the main job with both in bf16.
+  for dtype in float32 bfloat16; do
+    timed python algorithms/grpo_agent.py --rollout-dtype bfloat16 --update-dtype $dtype --total-iterations 3 \
+        --eval-every 0 --exp-name update_$dtype --output-dir "$OUT/bf16"
+  done
+  timed python algorithms/grpo_agent.py --rollout-dtype bfloat16 --update-dtype bfloat16 --exp-name main_bf16_update \
+      --output-dir "$OUT/bf16"
 fi
 
 if [ -n "${PROCEDURAL:-}" ]; then

@@ -250,12 +250,16 @@ def _load_adapter(path: Path, device, dtype):
     return model, tok
 
 
-def autocast(device: torch.device | str):
-    """bf16 autocast on CUDA (matmuls in bf16, reductions and the optimizer's weights in fp32); a no-op
-    context on CPU, where bf16 is slower and would make trainer and sampler log-probs disagree."""
+def autocast(device: torch.device | str, cpu_dtype: str = "float32"):
+    """bf16 autocast on CUDA (matmuls in bf16, reductions and the optimizer's weights in fp32). On CPU a no-op
+    context unless `cpu_dtype` is "bfloat16": a CPU with AMX or AVX512-BF16 runs a training forward and backward
+    ~2.5x faster so (benchmarks/results/update_step.md), but on one without them bf16 is emulated and slower, and
+    the trainer's log-probs move ~1e-3 per token away from an fp32 sampler's (the default keeps them exact)."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cpu" and cpu_dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

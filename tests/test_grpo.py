@@ -246,6 +246,26 @@ def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypa
     assert max(v for _, v in scalars["diagnostics/logprob_mismatch"]) < 1e-4
 
 
+def test_bf16_update_autocasts_the_trainer_only(tmp_path):
+    """`--update-dtype bfloat16` on CPU: the update's forward runs under bf16 autocast, so its log-probs leave the
+    fp32 sampler's by bf16 rounding (> 0, where fp32 against fp32 is exact), and the trained weights stay fp32."""
+    from safetensors.torch import load_file
+
+    from common.models import autocast
+
+    with autocast("cpu"):  # the default: a no-op on CPU
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    with autocast("cpu", "bfloat16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    run_dir, _ = run_grpo(tmp_path, "--model", "tiny", "--update-dtype", "bfloat16", "--trainable-layers", "1",
+                          "--total-iterations", "2", "--group-size", "4", "--eval-every", "0", "--max-total-tokens", "1200",
+                          "--no-filter-zero-variance", "--save-model")
+    gaps = [v for _, v in read_scalars(run_dir)["diagnostics/logprob_mismatch"]]
+    assert all(0 < g < 0.1 for g in gaps), gaps
+    weights = load_file(str(run_dir / "model" / "model.safetensors"))
+    assert weights and all(w.dtype == torch.float32 for w in weights.values())
+
+
 def test_bf16_rollouts_run_and_log_the_sampler_trainer_gap(tmp_path):
     """`--rollout-dtype bfloat16` end to end on `tiny` from the frozen trunk: the copy is refreshed after every
     update (perf/weight_sync_s > 0) and the recorded-vs-recomputed gap is bf16 rounding, not zero and not large."""

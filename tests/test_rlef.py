@@ -265,6 +265,9 @@ def test_tiny_run_completes_with_ppo_curriculum_and_filtering(tmp_path):
     assert [v for _, v in scalars["charts/invalid_action_rate"]] == [1.0, 1.0]
     assert [v for _, v in scalars["eval/pass@1"]] == [0.0, 0.0]  # before and after training
     assert "moving to level 2" in proc.stdout
+    # no group left, no update: no loss is logged (a placeholder 0 would read as a measured one)
+    assert not [t for t in scalars if t.startswith("losses/") or t in ("diagnostics/grad_norm", "diagnostics/ratio_mean")]
+    assert "| loss +nan |" in proc.stdout
 
 
 def test_lora_run_saves_an_adapter_that_load_model_loads(tmp_path):
