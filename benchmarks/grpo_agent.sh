@@ -106,6 +106,7 @@ if [ -n "${BF16:-}" ]; then
   timed python algorithms/grpo_agent.py --rollout-dtype bfloat16 --exp-name main_bf16 --output-dir "$OUT/bf16"
   # docs/grpo_agent.md item 21: the update under CPU bf16 autocast too (--update-dtype bfloat16; CPUs with AMX or
   # AVX512-BF16): the first 3 iterations with the update in fp32 then bf16, then the main job with both in bf16.
+  # Published: update 1.48-1.58x faster, greedy 1.00 / 3.55 from 80 episodes as in fp32, 11.3 s per iteration.
   for dtype in float32 bfloat16; do
     timed python algorithms/grpo_agent.py --rollout-dtype bfloat16 --update-dtype $dtype --total-iterations 3 \
         --eval-every 0 --exp-name update_$dtype --output-dir "$OUT/bf16"
