@@ -457,8 +457,7 @@ if __name__ == "__main__":
         # ---- update: clipped surrogate over policy units (eq. 12.19), micro-batched ----
         t1 = time.time()
         stats = {"clip_low": 0.0, "clip_high": 0.0, "ratio_sum": 0.0, "kl_sum": 0.0}
-        entropy_sum, policy_loss_sum, mismatch_max, mismatch_sum, ref_s, grad_norm = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        ratio0_sum, clipped0, sync_s = 0.0, 0.0, 0.0  # first epoch: the sampler -> trainer ratio before any step
+        entropy_sum, policy_loss_sum, mismatch_max, mismatch_sum, ref_s, grad_norm, ratio0_sum, clipped0 = (0.0,) * 8
         num_units = num_seqs = 0
         # torchrun: every rank joins the same all-reduces (zero gradients if its groups were all dropped)
         ranks_with_data = float(bool(train_trajs))
@@ -516,8 +515,9 @@ if __name__ == "__main__":
                         clipped0 += ((ratio0 < 1 - args.clip_eps_low) | (ratio0 > 1 + args.clip_eps_high)).sum().item()
                         entropy_sum += (units.entropy.detach() * unit_mask[sl]).sum().item()
                         policy_loss_sum += loss.item()
-                        for k in stats:
-                            stats[k] += s[k]
+                        stats["kl_sum"] += s["kl_sum"]
+                    if epoch == args.update_epochs - 1:  # how far the last epoch has moved from the sampler (the clip binds)
+                        stats.update({k: stats[k] + s[k] for k in ("clip_low", "clip_high", "ratio_sum")})
                 all_reduce_grads()
                 grad_norm = clip_grad_norm(params, args.max_grad_norm)
                 optimizer.step()

@@ -108,19 +108,23 @@ def main(args: Args) -> list[dict]:
     return results
 
 
-def report(args: Args, results: list[dict], load: tuple, seconds: float) -> str:
-    by = {(r["context"], r["config"]): r for r in results}
+def provenance(script: str, args, load: tuple, seconds: float) -> str:
+    """The command (as typed, or the `main` call), then the machine, commit, load and duration: a report's header."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                            text=True).stdout.strip()
-    command = "python benchmarks/decode_step.py " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("decode_step.py") \
-        else f"decode_step.main({args})"
+    command = f"python benchmarks/{script} " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(script) \
+        else f"{script[:-3]}.main({args})"
+    return (f"Command: `{command}`\n\nMachine: {platform.platform()}, {os.cpu_count()} cores, torch {torch.__version__} "
+            f"with {torch.get_num_threads()} threads. Git commit {commit or 'unknown'}"
+            f"{' (working tree with uncommitted changes)' if dirty else ''}. Load average (1 min) at start / end: "
+            f"{load[0]:.2f} / {load[1]:.2f}; the run took {seconds:.0f} s.")
+
+
+def report(args: Args, results: list[dict], load: tuple, seconds: float) -> str:
+    by = {(r["context"], r["config"]): r for r in results}
     lines = [f"# One decode step of the rollout engine (`{args.model}`, B = {args.batch_size})", "",
-             f"Command: `{command}`", "",
-             f"Machine: {platform.platform()}, {os.cpu_count()} cores, torch {torch.__version__} with "
-             f"{torch.get_num_threads()} threads. Git commit {commit or 'unknown'}"
-             f"{' (working tree with uncommitted changes)' if dirty else ''}. Load average (1 min) at start / end: "
-             f"{load[0]:.2f} / {load[1]:.2f}; the run took {seconds:.0f} s. Fastest of {args.repeats} interleaved "
+             provenance("decode_step.py", args, load, seconds) + f" Fastest of {args.repeats} interleaved "
              f"repeats of {args.steps} steps each; absolute times hold for this machine only, read the ratios.", "",
              "| cached tokens per row | engine ms / step | engine tok/s | sdpa ms / step | plain ms / step | "
              "sdpa / engine | plain / engine | engine bf16 ms / step | engine bf16 tok/s | engine / engine bf16 |",

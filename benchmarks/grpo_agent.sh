@@ -93,6 +93,11 @@ if [ -n "${FREE:-}" ]; then
   timed python algorithms/grpo_agent.py --action-mode free --sft-steps 15 --temperature 2.0 --top-k 4 --novelty-coef 0.1 \
       --sil-coef 1.0 --group-size 16 --total-iterations 55 --eval-episodes 4 --checkpoint-every 5 --exp-name free_g16 \
       --output-dir "$OUT/free"
+  # Run 12: run 10 with a 3x novelty bonus and DAPO's clip-higher, both bf16 flags (items 20-21). Published: stopped with
+  # SIGTERM at iteration 51 (408 episodes): greedy 1.00 / 3.55 from 160 RL episodes on, best sampled 3.55, 94 states.
+  timed python algorithms/grpo_agent.py --action-mode free --sft-steps 15 --temperature 2.0 --top-k 4 --novelty-coef 0.3 \
+      --sil-coef 1.0 --clip-eps-high 0.28 --rollout-dtype bfloat16 --update-dtype bfloat16 --total-iterations 110 \
+      --eval-episodes 4 --checkpoint-every 5 --exp-name free_cliphigher --output-dir "$OUT/free"
 fi
 
 if [ -n "${BF16:-}" ]; then

@@ -22,8 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ import torch
 import tyro
 
 import envs
+from benchmarks.decode_step import provenance
 from common.models import autocast, load_model, train_top_layers
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 
@@ -98,7 +97,7 @@ def epoch(model, optimizer, params, trajs, inputs, frozen_below, dtype, micro_ba
 
 def precision_gap(model, params, trajs, inputs, frozen_below, micro_batch_size) -> dict:
     """Log-prob and gradient of the first micro-batch in bf16 against fp32, at the same weights."""
-    chunk = range(0, min(micro_batch_size, len(trajs)))
+    chunk = range(min(micro_batch_size, len(trajs)))
     _, mask = behavior_units([trajs[i] for i in chunk], "choice")
     out = {}
     for dtype in DTYPES:
@@ -159,29 +158,20 @@ def main(args: Args) -> list[dict]:
 
 
 def report(args: Args, results: list[dict], load: tuple, seconds: float) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    command = "python benchmarks/update_step.py " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("update_step.py") \
-        else f"update_step.main({args})"
-    lines = [f"# One GRPO update epoch, fp32 and CPU bf16 autocast (`{args.model}`, {args.episodes} {args.env_id} "
-             f"episodes, micro-batches of {args.micro_batch_size})", "",
-             f"Command: `{command}`", "",
-             f"Machine: {platform.platform()}, {os.cpu_count()} cores, torch {torch.__version__} with "
-             f"{torch.get_num_threads()} threads. Git commit {commit or 'unknown'}"
-             f"{' (working tree with uncommitted changes)' if dirty else ''}. Load average (1 min) at start / end: "
-             f"{load[0]:.2f} / {load[1]:.2f}; the run took {seconds:.0f} s. Fastest of {args.repeats} interleaved "
-             "epochs per cell; absolute times hold for this machine only, read the ratios.", "",
-             "| layers trained | tokens in batch | policy units | fp32 s / epoch | bf16 s / epoch | fp32 / bf16 | "
-             "log-prob gap mean | log-prob gap max | gradient cosine | bf16 / fp32 gradient norm |",
+    lines = [(f"# One GRPO update epoch, fp32 and CPU bf16 autocast (`{args.model}`, {args.episodes} {args.env_id} "
+              f"episodes, micro-batches of {args.micro_batch_size})"), "",
+             provenance("update_step.py", args, load, seconds) + f" Fastest of {args.repeats} interleaved epochs per "
+             "cell; absolute times hold for this machine only, read the ratios.", "",
+             ("| layers trained | tokens in batch | policy units | fp32 s / epoch | bf16 s / epoch | fp32 / bf16 | "
+              "log-prob gap mean | log-prob gap max | gradient cosine | bf16 / fp32 gradient norm |"),
              "| ---: |" + " ---: |" * 9]
     for r in results:
         lines.append(f"| {r['trainable_layers']} | {r['tokens']} | {r['policy_units']} | {r['fp32_s']:.2f} | "
                      f"{r['bf16_s']:.2f} | {r['fp32_s'] / r['bf16_s']:.2f}x | {r['logprob_gap_mean']:.4f} | "
                      f"{r['logprob_gap_max']:.4f} | {r['grad_cosine']:.4f} | {r['grad_norm_ratio']:.3f} |")
-    lines += ["", "An epoch: every micro-batch's forward (from the recorded trunk output when fewer layers than all are "
-              "trained) and backward, gradient clipping and one AdamW step. Gaps and gradients: the first micro-batch, "
-              "same weights, bf16 autocast against fp32; the log-prob gap is per policy unit (a choice-mode action)."]
+    lines += ["", ("An epoch: every micro-batch's forward (from the recorded trunk output when fewer layers than all are "
+                   "trained) and backward, gradient clipping and one AdamW step. Gaps and gradients: the first micro-batch, "
+                   "same weights, bf16 autocast against fp32; the log-prob gap is per policy unit (a choice-mode action).")]
     return "\n".join(lines) + "\n"
 
 

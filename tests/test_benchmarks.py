@@ -378,3 +378,24 @@ def test_decode_step_times_every_configuration_and_rejects_bad_flags(tmp_path):
     assert len((tmp_path / "ds.jsonl").read_text().splitlines()) == 2 * len(decode_step.CONFIGS) == 8
     with pytest.raises(SystemExit, match="--contexts"):
         decode_step.main(decode_step.Args(model="tiny", contexts=[0], output=""))
+
+
+def test_update_step_times_both_precisions_and_measures_what_bf16_changes(tmp_path):
+    """update_step.py times one update epoch in fp32 and under bf16 autocast for each trained-layer count, and
+    measures the bf16 log-prob gap (more than 0: the autocast took effect; small: the same model) and how closely
+    the bf16 gradient points along the fp32 one."""
+    from benchmarks import update_step
+
+    args = update_step.Args(model="tiny", episodes=2, trainable_layers=[1, 0], micro_batch_size=1, repeats=1,
+                            output=str(tmp_path / "us"))
+    results = update_step.main(args)
+    assert [r["trainable_layers"] for r in results] == [1, 2]  # 0: all of tiny's 2 layers
+    for r in results:
+        assert r["fp32_s"] > 0 and r["bf16_s"] > 0 and r["policy_units"] > 0
+        assert 0 < r["logprob_gap_mean"] <= r["logprob_gap_max"] < 0.05
+        assert 0.99 < r["grad_cosine"] <= 1 + 1e-9 and 0.9 < r["grad_norm_ratio"] < 1.1
+    md = (tmp_path / "us.md").read_text()
+    assert md.count("\n| 1 |") == 1 and md.count("\n| 2 |") == 1 and "Command: `" in md
+    assert len((tmp_path / "us.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(SystemExit, match="--trainable-layers"):
+        update_step.main(update_step.Args(model="tiny", trainable_layers=[-1], output=""))

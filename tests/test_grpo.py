@@ -212,10 +212,16 @@ def test_grpo_learns_gridworld_on_tiny(tmp_path):
     run_dir, out = run_grpo(tmp_path, "--model", "tiny", "--seed", "1", "--total-iterations", "12", "--num-groups", "2",
                             "--update-epochs", "2", "--learning-rate", "1e-3", "--trainable-layers", "0", "--temperature", "1.0",
                             "--micro-batch-size", "8", "--eval-every", "0", "--max-total-tokens", "1600")
-    success = [v for _, v in read_scalars(run_dir)["charts/success_rate"]]
+    scalars = read_scalars(run_dir)
+    success = [v for _, v in scalars["charts/success_rate"]]
     before, after = sum(success[:3]) / 3, sum(success[-3:]) / 3
     print(f"tiny GRPO on gridworld, seed 1: success {before:.2f} (iterations 1-3) -> {after:.2f} (iterations 10-12)")
     assert after >= before + 0.3, success
+    # the clip statistics are the last epoch's, where the update has moved the ratio (before it, fp32 ratios are 1)
+    clipped = [lo + hi for (_, lo), (_, hi) in zip(scalars["diagnostics/clip_fraction_low"],
+                                                   scalars["diagnostics/clip_fraction_high"])]
+    assert max(clipped) > 0 and max(abs(v - 1) for _, v in scalars["diagnostics/ratio_mean"]) > 1e-3
+    assert max(v for _, v in scalars["diagnostics/first_epoch_clip_fraction"]) == 0
 
 
 def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypatch):
