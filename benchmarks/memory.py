@@ -36,6 +36,8 @@ SCRIPT = "algorithms/grpo_agent.py"
 # the configurations of the issue: name -> (description, extra flags)
 CONFIGS = {
     "top6": ("top 6 layers, β = 0", []),
+    "top6-bf16": ("top 6 layers, β = 0, bf16 sampler and update", ["--rollout-dtype", "bfloat16", "--update-dtype",
+                                                                   "bfloat16"]),
     "top6-kl": ("top 6 layers, β = 0.04", ["--beta", "0.04"]),
     "top6-kl-lora": ("top 6 layers, β = 0.04, LoRA r16", ["--beta", "0.04", "--lora-r", "16"]),
     "full": ("all layers, β = 0", ["--trainable-layers", "0"]),

@@ -170,6 +170,18 @@ def performance() -> str:
             a, b = cells[(turns, "engine")], cells[(turns, without)]
             lines.append(f"| {label} | {turns} | {a['wall_s']:.1f} | {b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.2f}x | "
                          f"{b['decode_s'] / a['decode_s']:.2f}x | {a['generated_tokens'] / a['decode_s']:.0f} |")
+    lines += ["", "| bf16 on this CPU (AMX; opt-in flags of grpo_agent.py) | setting | fp32 | bf16 | bf16 speed-up |",
+              "| --- |" + " --- |" * 4]
+    bf16 = {(c["env"], c["turns"], c["method"]): c for c in map(json.loads, (RESULTS / "rollout_speed_bf16.jsonl")
+                                                               .read_text().splitlines()) if c}
+    for (env, turns, method), c in sorted(bf16.items()):  # greedy episodes may differ slightly: compare tokens/s
+        if method == "engine" and (env, turns, "engine_bf16") in bf16:
+            fp32_rate, bf16_rate = (x["generated_tokens"] / x["wall_s"] for x in (c, bf16[(env, turns, "engine_bf16")]))
+            lines.append(f"| rollout, B = 16, generated tok/s (`--rollout-dtype bfloat16`) | {env}, {turns} turns | "
+                         f"{fp32_rate:.1f} | {bf16_rate:.1f} | {bf16_rate / fp32_rate:.2f}x |")
+    for r in map(json.loads, (RESULTS / "update_step.jsonl").read_text().splitlines()):
+        lines.append(f"| one update epoch of 8 GridWorld episodes, s (`--update-dtype bfloat16`) | {r['trainable_layers']} "
+                     f"layers trained | {r['fp32_s']:.2f} | {r['bf16_s']:.2f} | {r['fp32_s'] / r['bf16_s']:.2f}x |")
     lines += ["", "| one GRPO step vs TRL `GRPOTrainer` (gradient checkpointing off on both) | TRL / ours (median s/step) | "
               "load average at start / end | commit |", "| --- | --- | --- | --- |"]
     for section in (RESULTS / "vs_trl.md").read_text().split("\n# One GRPO step")[1:]:  # one per vs_trl.py --append
@@ -187,7 +199,10 @@ def performance() -> str:
                               "(benchmarks/results/rollout_speed_layout.md), `--methods engine engine_sdpa` "
                               "[rollout_speed_attention.md](benchmarks/results/rollout_speed_attention.md); one decode "
                               "step against context length: `python benchmarks/decode_step.py`, "
-                              "[decode_step.md](benchmarks/results/decode_step.md); "
+                              "[decode_step.md](benchmarks/results/decode_step.md); bf16: `--methods engine engine_bf16 "
+                              "--output benchmarks/results/rollout_speed_bf16` [rollout_speed_bf16.md]"
+                              "(benchmarks/results/rollout_speed_bf16.md), `python benchmarks/update_step.py` "
+                              "[update_step.md](benchmarks/results/update_step.md); "
                               "`python benchmarks/vs_trl.py`, [vs_trl.md](benchmarks/results/vs_trl.md)."])
 
 

@@ -66,10 +66,10 @@ import tyro
 
 import envs
 from common.chat import ChatFormat
-from common.models import load_model
+from common.models import load_model, sampling_copy
 from common.rollout import RolloutConfig, RolloutEngine
 
-METHODS = ("engine", "generate_batch", "generate_single", "engine_concat", "engine_row_major", "engine_sdpa")
+METHODS = ("engine", "generate_batch", "generate_single", "engine_concat", "engine_row_major", "engine_sdpa", "engine_bf16")
 
 
 @dataclass
@@ -101,7 +101,8 @@ class Args:
     with transformers' DynamicCache, which appends by concatenation (the engine's own cache writes in place; it
     cannot store keys transposed, so attention is SDPA's); engine_row_major: the engine with the weights in their
     usual layout (`RolloutConfig.input_major_weights=False`); engine_sdpa: the engine with the keys cached in the
-    usual layout and attention by SDPA (`RolloutConfig.transposed_keys=False`)"""
+    usual layout and attention by SDPA (`RolloutConfig.transposed_keys=False`); engine_bf16: the engine on a bf16 copy
+    of the model (`common.models.sampling_copy`, grpo_agent.py's `--rollout-dtype bfloat16`): weights and cache in bf16"""
     single_episodes: int = 2
     """baseline (b) plays only the first this-many of the B episodes (its time for B is extrapolated)"""
     threads: int = 0
@@ -273,6 +274,11 @@ def run_cell(cell: dict) -> dict:
     seeds = [cell["seed"] * 1000 + i for i in range(cell["episodes"])]
     if cell["method"] in ("engine", "engine_row_major", "engine_sdpa"):
         out = run_engine(model, tok, cell, seeds)
+    elif cell["method"] == "engine_bf16":  # the copy is made (and warmed up) before the clock starts
+        sampler = sampling_copy(model, "bfloat16")
+        with torch.no_grad():
+            sampler(torch.arange(1, 17, device=next(model.parameters()).device)[None])
+        out = run_engine(sampler, tok, cell, seeds)
     elif cell["method"] == "engine_concat":  # the same engine on a concatenating cache: what the buffered one saves
         import common.rollout
 
@@ -342,7 +348,8 @@ def report(args: Args, results: list[dict], command: str, load: tuple, started: 
              "generate_single": "(b) generate, batch 1, history re-encoded",
              "engine_concat": "engine, concatenating KV cache (transformers' DynamicCache)",
              "engine_row_major": "engine, weights in their usual (row-major) layout",
-             "engine_sdpa": "engine, keys in their usual layout, attention by SDPA"}
+             "engine_sdpa": "engine, keys in their usual layout, attention by SDPA",
+             "engine_bf16": "engine on a bf16 copy of the model (`--rollout-dtype bfloat16`)"}
     r0 = results[0]
     lines = [f"# Rollout speed: engine vs `generate` baselines (`{args.model}`, B = {args.batch_size})", "",
              f"Command: `{command}`", "",

@@ -168,6 +168,18 @@ def test_rollout_speed_ablations_play_the_engines_episodes(tmp_path):
     assert "concatenating KV cache" in (tmp_path / "rs.md").read_text()
 
 
+def test_rollout_speed_bf16_engine_plays_greedy_episodes_near_the_fp32_ones(tmp_path):
+    """The `engine_bf16` cell samples from a bf16 copy: it runs, writes its row, and generates as many turns; its
+    greedy tokens may differ from fp32's where two logits are within bf16 rounding, so only the count is compared."""
+    from benchmarks import rollout_speed
+
+    results = rollout_speed.main(tiny_speed_args(tmp_path, methods=["engine", "engine_bf16"], turns=[3],
+                                                 codegen_attempts=0))
+    engine, bf16 = sorted(results, key=lambda r: r["method"])
+    assert bf16["method"] == "engine_bf16" and bf16["turns_played"] == engine["turns_played"] > 0
+    assert bf16["generated_tokens"] > 0 and "bf16 copy" in (tmp_path / "rs.md").read_text()
+
+
 def test_rollout_speed_rejects_bad_flags(tmp_path):
     from benchmarks import rollout_speed
 
