@@ -99,20 +99,25 @@ def main(args: Args) -> list[dict]:
             results.append({"model": args.model, "batch_size": args.batch_size, "context": length, "config": name,
                             "step_ms": seconds * 1000, "tok_s": args.batch_size / seconds})
         print(f"[decode_step] T={length}: " + ", ".join(f"{n} {best[n] * 1000:.1f} ms" for n in CONFIGS), flush=True)
-    text = report(args, results, (load_start, os.getloadavg()[0]), time.time() - started)
-    print(text)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output + ".md").write_text(text)
-        Path(args.output + ".jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    write_report(args.output, report(args, results, (load_start, os.getloadavg()[0]), time.time() - started), results)
     return results
+
+
+def write_report(output: str, text: str, results: list[dict]) -> None:
+    """Print the report; with an `output` prefix also write it to {output}.md and the rows to {output}.jsonl."""
+    print(text)
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output + ".md").write_text(text)
+        Path(output + ".jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
 
 
 def provenance(script: str, args, load: tuple, seconds: float) -> str:
     """The command (as typed, or the `main` call), then the machine, commit, load and duration: a report's header."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
+    def git(*cmd):
+        return subprocess.run(["git", *cmd], capture_output=True, text=True, check=False).stdout.strip()
+
+    commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     command = f"python benchmarks/{script} " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(script) \
         else f"{script[:-3]}.main({args})"
     return (f"Command: `{command}`\n\nMachine: {platform.platform()}, {os.cpu_count()} cores, torch {torch.__version__} "

@@ -20,12 +20,10 @@ to the fp32 gradient, and the ratio of norms). Writes `{output}.md` and `{output
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,7 +31,7 @@ import torch
 import tyro
 
 import envs
-from benchmarks.decode_step import provenance
+from benchmarks.decode_step import provenance, write_report
 from common.models import autocast, load_model, train_top_layers
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 
@@ -148,12 +146,7 @@ def main(args: Args) -> list[dict]:
               f"({best['float32'] / best['bfloat16']:.2f}x); log-prob gap mean {gap['logprob_gap_mean']:.4f}, "
               f"grad cosine {gap['grad_cosine']:.4f}", flush=True)
         del model, optimizer, start_state
-    text = report(args, results, (load_start, os.getloadavg()[0]), time.time() - started)
-    print(text)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output + ".md").write_text(text)
-        Path(args.output + ".jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    write_report(args.output, report(args, results, (load_start, os.getloadavg()[0]), time.time() - started), results)
     return results
 
 
