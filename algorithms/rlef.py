@@ -557,8 +557,8 @@ if __name__ == "__main__":
         print0(f"iter {iteration}/{args.total_iterations} | level {level} | episodes {episodes_seen} | pass "
                f"{scalars['charts/pass_fraction']:.2f} | solved {scalars['charts/success_rate']:.2f} | invalid "
                f"{scalars['charts/invalid_action_rate']:.2f} | zero-var {scalars['diagnostics/zero_variance_groups']:.2f} "
-               f"| loss {scalars.get('losses/policy_loss', float('nan')):+.4f} | {rollout_s + update_s:.1f}s (decode {rollout_s - sandbox_s:.1f}, "
-               f"sandbox {sandbox_s:.1f}, update {update_s:.1f})")
+               f"| loss {scalars.get('losses/policy_loss', float('nan')):+.4f} | {rollout_s + update_s:.1f}s "
+               f"(decode {rollout_s - sandbox_s:.1f}, sandbox {sandbox_s:.1f}, update {update_s:.1f})")
         if promoted:
             level += 1
             solved_window.clear()

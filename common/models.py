@@ -252,9 +252,10 @@ def _load_adapter(path: Path, device, dtype):
 
 def autocast(device: torch.device | str, cpu_dtype: str = "float32"):
     """bf16 autocast on CUDA (matmuls in bf16, reductions and the optimizer's weights in fp32). On CPU a no-op
-    context unless `cpu_dtype` is "bfloat16": a CPU with AMX or AVX512-BF16 runs a training forward and backward
-    ~2.5x faster so (benchmarks/results/update_step.md), but on one without them bf16 is emulated and slower, and
-    the trainer's log-probs move ~1e-3 per token away from an fp32 sampler's (the default keeps them exact)."""
+    context unless `cpu_dtype` is "bfloat16": on this project's CPU (AMX) a GRPO update epoch is then 1.8-2.0x
+    faster (benchmarks/results/update_step.md); on a CPU without AMX or AVX512-BF16 bf16 is emulated and slower.
+    The cost: an action's log-prob moves ~0.016 nats from the fp32 one there (the default keeps trainer and fp32
+    sampler exact)."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
