@@ -192,3 +192,36 @@ def test_fsdp_takes_the_data_parallel_steps_with_a_separate_critic(tmp_path):
 def test_fsdp_needs_torchrun():
     with pytest.raises(SystemExit, match="--fsdp shards over torchrun processes"):
         ppo.validate_args(ppo.Args(fsdp=True))
+
+
+def test_bf16_sampler_and_update_log_the_gap_and_keep_fp32_weights(tmp_path):
+    """`--rollout-dtype bfloat16 --update-dtype bfloat16` on `tiny` over a frozen trunk, episodes cut at 6 steps: a bf16
+    copy samples (refreshed after every update and after a resume), V_old / pi_ref / the update run under bf16 autocast,
+    V(s_T) is read off the copy's recorded final observations; the sampler -> trainer gap is bf16 rounding (not 0, not
+    large) and the saved policy and value head are fp32. A resumed run logs the uninterrupted run's numbers."""
+    from safetensors.torch import load_file
+
+    (tmp_path / "whole").mkdir(), (tmp_path / "part").mkdir()
+    flags = ["--model", "tiny", "--rollout-dtype", "bfloat16", "--update-dtype", "bfloat16", "--trainable-layers", "1",
+             "--num-episodes", "4", "--max-episode-steps", "6", "--eval-every", "3", "--eval-episodes", "2",
+             "--learning-rate", "1e-3", "--checkpoint-every", "1"]
+    run_dir, _ = run_ppo(tmp_path / "whole", *flags, "--total-iterations", "3", "--save-model")
+    scalars = read_scalars(run_dir)
+    gaps, means = ([v for _, v in scalars[f"diagnostics/logprob_mismatch{k}"]] for k in ("", "_mean"))
+    assert all(0 < m <= g < 0.1 for g, m in zip(gaps, means)), (gaps, means)
+    assert all(v > 0 for _, v in scalars["perf/weight_sync_s"]) and len(scalars["eval/success_rate"]) == 2
+    assert any(v > 0 for _, v in scalars["diagnostics/bootstrap_fraction"])  # V(s_T) from the bf16 copy's tails
+    weights = load_file(str(run_dir / "model" / "model.safetensors"))
+    assert weights and all(w.dtype == torch.float32 for w in weights.values())
+    assert all(v.dtype == torch.float32 for v in torch.load(run_dir / "value_head.pt").values())
+
+    part, _ = run_ppo(tmp_path / "part", *flags, "--total-iterations", "1")
+    run_ppo(tmp_path / "part", "--resume", str(part), "--total-iterations", "3")
+    resumed = read_scalars(part)
+    for tag in ("losses/policy_loss", "losses/value_loss", "charts/episodic_return", "diagnostics/logprob_mismatch"):
+        assert [v for _, v in resumed[tag]] == pytest.approx([v for _, v in scalars[tag]], rel=1e-5, abs=1e-7), tag
+
+
+def test_bf16_sampler_is_not_for_fsdp():
+    with pytest.raises(SystemExit, match="--rollout-dtype bfloat16 is a copy of whole weights"):
+        ppo.validate_args(ppo.Args(fsdp=True, rollout_dtype="bfloat16"))
