@@ -27,8 +27,7 @@ Usage:
     python algorithms/rlef.py --checkpoint-every 2                 # then, after a crash or Ctrl-C:
     python algorithms/rlef.py --resume runs/<run> [--total-iterations 12]
 
-The default run has not been timed on an idle machine (on the shared CPU one iteration of 4 episodes took
-~19 min, decode-bound; see docs/rlef.md, Results).
+Timings (decode is ~90% of an iteration on a CPU): docs/rlef.md, Results.
 
 Copying this file out: it needs `common/` and `envs/` (the codegen environment and its sandbox).
 
@@ -45,6 +44,7 @@ Where this departs from the paper / seed:
   left without a group makes no update and logs no loss (`--no-filter-zero-variance` keeps such groups).
 - The curriculum moves up a level when the rolling solve rate of training episodes passes a threshold; it
   never moves down. Training tasks come from the `train` split, evaluation from the disjoint `test` split.
+- CPU bf16 by flag: `--rollout-dtype bfloat16` (a bf16 sampling copy: pi_old is its), `--update-dtype bfloat16`.
 - pass@k is over one-attempt episodes (`--eval-attempts 1`), as in HumanEval; `eval/pass@1` is the
   unbiased estimate from the same n samples (mean of c/n), not greedy decoding.
 """
@@ -72,7 +72,8 @@ from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
 from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
                                 init_distributed, is_sharded, print0, seed_everything, shard_layers)
-from common.models import autocast, load_model, resolve_device, save_model, train_top_layers
+from common.models import (autocast, load_model, refresh_sampling_copy, resolve_device, sampling_copy, save_model,
+                           train_top_layers)
 from common.records import Trajectory
 from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
 from common.tracking import Tracker, make_run_name
@@ -140,6 +141,11 @@ class Args:
     """sampling temperature of training rollouts"""
     top_p: float = 1.0
     """nucleus sampling during training rollouts"""
+    rollout_dtype: Literal["float32", "bfloat16"] = "float32"
+    """the precision the policy samples (and is evaluated) in; `bfloat16`: a bf16 copy of it, refreshed after every
+    update (faster decoding on a CPU with AVX512-BF16; pi_old is then the copy's, as in grpo_agent.py)"""
+    update_dtype: Literal["float32", "bfloat16"] = "float32"
+    """CPU: `bfloat16` runs the update's forward/backward under bf16 autocast (fp32 weights and AdamW)"""
     max_turn_tokens: int = 160
     """cap on generated tokens per attempt (a cut-off code block is unclosed: an invalid attempt)"""
     max_total_tokens: int = 2048
@@ -224,6 +230,8 @@ def validate_args(args: Args):
         problems.append("--clip-eps must be in [0, 1) and --promote-threshold in [0, 1]")
     if args.temperature < 0 or args.eval_temperature < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature / --eval-temperature must be >= 0 and --top-p in (0, 1]")
+    if args.fsdp and args.rollout_dtype != "float32":
+        problems.append("--rollout-dtype bfloat16 is a copy of whole weights: not with --fsdp")
     if args.fsdp and dist_info()[2] < 2:
         problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
     if problems:
@@ -290,18 +298,18 @@ def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None,
         optimizer.zero_grad(set_to_none=False)
         for c in chunks:
             if c is None:
-                with autocast(device):
+                with autocast(device, args.update_dtype):
                     units = policy_logprobs(model, [pad[0]], "free", args.temperature, False,
                                             *(([pad[1]], from_layer) if pad[1] is not None else (None, 0)))
                 (units.logprobs.sum() * 0).backward()
                 continue
             trunk = ([layer_inputs[i] for i in c], from_layer) if layer_inputs else (None, 0)
-            with autocast(device):  # bf16 on CUDA, nothing on CPU; the backward runs outside
+            with autocast(device, args.update_dtype):  # bf16 on CUDA, on CPU by flag; the backward runs outside
                 units = policy_logprobs(model, [trajs[i] for i in c], "free", args.temperature, False, *trunk)
             sl = (slice(c.start, c.stop), slice(0, units.logprobs.shape[1]))
             loss, s = clipped_loss(units.logprobs, old_logp[sl], adv[c.start:c.stop], unit_mask[sl], args.clip_eps, num_units)
             loss.backward()
-            if epoch == 0:  # same weights as the sampler: recorded and recomputed log-probs must agree
+            if epoch == 0:  # the sampler's weights: equal log-probs in fp32, bf16 rounding with the bf16 flags
                 gap = (units.logprobs.detach() - old_logp[sl]).abs() * unit_mask[sl]
                 stats["mismatch"] = max(stats["mismatch"], gap.max().item())
                 stats["entropy_sum"] += (units.entropy.detach() * unit_mask[sl]).sum().item()
@@ -394,7 +402,7 @@ if __name__ == "__main__":
     print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {args.advantage}, {args.batch_size} episodes/iteration")
     # the frozen lower layers' output is computed once, by the rollout, and reused by the trainer
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
-    engine = RolloutEngine(model, tokenizer, RolloutConfig(
+    engine = RolloutEngine(sampling_copy(model, args.rollout_dtype), tokenizer, RolloutConfig(  # or a bf16 copy
         action_mode="free", temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
         max_total_tokens=args.max_total_tokens), record_layer_inputs=frozen_below)
 
@@ -426,6 +434,7 @@ if __name__ == "__main__":
             if step % 5 == 0 or step == args.sft_steps:
                 print0(f"sft {step}/{args.sft_steps} | loss {sft_loss.item():.3f}")
         model.eval()
+        refresh_sampling_copy(engine.model, model)  # the first rollout samples from the cold-started weights
 
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
     episodes_seen, task_counter, level, first_iteration, start = 0, 0, args.level, 1, time.time()
@@ -437,6 +446,7 @@ if __name__ == "__main__":
         first_iteration, level = resumed["counters"]["iteration"] + 1, resumed["extra"]["level"]
         solved_window = deque(resumed["extra"]["solved_window"], maxlen=args.curriculum_window)
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes, level {level})")
+        refresh_sampling_copy(engine.model, model)  # a bf16 sampler gets the restored weights
 
     def run_eval(iteration: int):
         with gathered(fsdp_layers):  # FSDP: every rank gathers the whole weights (collective), rank 0 evaluates
@@ -523,6 +533,7 @@ if __name__ == "__main__":
             stats = update_policy(model, optimizer, params, train_trajs, train_adv, args, train_inputs, frozen_below,
                                   all_reduce_grads, pad)
         update_s = time.time() - t1
+        sync_s = refresh_sampling_copy(engine.model, model)  # --rollout-dtype bfloat16: the next rollout's weights
 
         # ---- logging ----
         ep = episode_metrics(all_trajs)
@@ -540,7 +551,7 @@ if __name__ == "__main__":
             "perf/rollout_s": rollout_s,
             "perf/decode_s": rollout_s - sandbox_s,  # prefill + sampling (the engine's forward passes)
             "perf/sandbox_s": sandbox_s,
-            "perf/update_s": update_s,
+            "perf/update_s": update_s, "perf/weight_sync_s": sync_s,
             "perf/iteration_s": rollout_s + update_s,
             "perf/rollout_tokens_per_s": sum(len(t.token_ids) for t in all_trajs) / rollout_s,
             "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in all_trajs) / rollout_s,

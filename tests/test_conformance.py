@@ -83,6 +83,25 @@ def test_file_header_imports_and_args(path):
     assert len(text.splitlines()) < 600, "keep an algorithm file readable end to end"
 
 
+# flags that several scripts offer and that must mean the same in each: (annotation, default) as written in `Args`
+SHARED_FLAGS = {"rollout_dtype": ("Literal['float32', 'bfloat16']", "'float32'"),
+                "update_dtype": ("Literal['float32', 'bfloat16']", "'float32'")}
+
+
+def test_shared_flags_are_offered_together_and_mean_the_same():
+    """A script with one CPU precision flag has both, with the same choices and the same (fp32) default; a copy that
+    drifted (a third choice, another default, one flag without the other) fails here. Today: grpo_agent, ppo_gae_agent
+    and rlef, the scripts whose rollouts sample from the policy being trained in the loop."""
+    having = {}
+    for path in SCRIPTS:
+        (cls,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
+        fields = {n.target.id: (ast.unparse(n.annotation), ast.unparse(n.value)) for n in cls.body
+                  if isinstance(n, ast.AnnAssign) and n.target.id in SHARED_FLAGS}
+        assert fields in ({}, SHARED_FLAGS), f"{path.name}: {fields}"
+        having[path.stem] = bool(fields)
+    assert {"grpo_agent", "ppo_gae_agent", "rlef"} <= {k for k, v in having.items() if v}, having
+
+
 HELP = ["--help"]
 BAD_FLAGS = [["--seed", "abc"], ["--env-id", "no-such-env"]]
 BAD_FLAGS += [] if torch.cuda.is_available() else [["--device", "cuda:7"]]

@@ -226,7 +226,8 @@ def test_update_raises_the_passing_submission_and_lowers_the_failing_one(tiny):
         t.behavior_logprobs = [next(lps) if m else 0.0 for m in t.source_mask]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     try:
-        args = SimpleNamespace(update_epochs=3, micro_batch_size=2, temperature=1.0, clip_eps=0.2, max_grad_norm=1.0)
+        args = SimpleNamespace(update_epochs=3, micro_batch_size=2, temperature=1.0, clip_eps=0.2, max_grad_norm=1.0,
+                               update_dtype="float32")
         params = list(model.parameters())
         opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
         stats = rlef.update_policy(model, opt, params, group, rlef.advantages(returns, "grpo", 1e-4).flatten(), args)
@@ -325,3 +326,30 @@ def test_fsdp_takes_the_data_parallel_steps(tmp_path):
 def test_fsdp_needs_torchrun():
     with pytest.raises(SystemExit, match="--fsdp shards over torchrun processes"):
         rlef.validate_args(rlef.Args(fsdp=True))
+
+
+def test_bf16_sampler_is_refreshed_after_the_cold_start_and_every_update(tmp_path):
+    """`--rollout-dtype bfloat16 --update-dtype bfloat16` on `tiny` over a frozen trunk: a bf16 copy samples and is
+    refreshed after the (large-step) SFT cold start and after every update, so the sampler -> trainer log-prob gap is
+    bf16 rounding (> 0, < 0.1; a copy left at the initial weights is far off); the saved weights stay fp32."""
+    from safetensors.torch import load_file
+
+    cmd = [sys.executable, str(ROOT / "algorithms" / "rlef.py"), "--model", "tiny", "--output-dir", str(tmp_path),
+           "--rollout-dtype", "bfloat16", "--update-dtype", "bfloat16", "--trainable-layers", "1", "--save-model",
+           "--total-iterations", "2", "--group-size", "2", "--max-turn-tokens", "8", "--no-filter-zero-variance",
+           "--learning-rate", "1e-2", "--sft-steps", "2", "--sft-batch-size", "2", "--sft-learning-rate", "1e-2",
+           "--eval-tasks", "1", "--humaneval-tasks", "0", "--eval-samples", "2", "--eval-k", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    scalars = read_scalars(run_dir)
+    gaps = [v for _, v in scalars["diagnostics/logprob_mismatch"]]
+    assert len(gaps) == 2 and all(0 < g < 0.1 for g in gaps), gaps
+    assert all(v > 0 for _, v in scalars["perf/weight_sync_s"]) and len(scalars["eval/pass@1"]) == 2
+    weights = load_file(str(run_dir / "model" / "model.safetensors"))
+    assert weights and all(w.dtype == torch.float32 for w in weights.values())
+
+
+def test_bf16_sampler_is_not_for_fsdp():
+    with pytest.raises(SystemExit, match="--rollout-dtype bfloat16 is a copy of whole weights"):
+        rlef.validate_args(rlef.Args(fsdp=True, rollout_dtype="bfloat16"))
