@@ -107,7 +107,9 @@ def markdown_table(path: str) -> str:
              "mean return | invalid actions | near-optimal | mean length | tokens/s | load avg | commit |",
              "|-|-|-|-|-|-|-|-|-|-|-|-|" + ("-|-|" if mixed else "")]
     for r in rows:
-        s = r["settings"]
+        s = r["settings"]  # rows written before env_id / action_mode / env_kwargs were top-level keep them in settings
+        r = {"env_id": s["env_id"], "action_mode": s["action_mode"], **r}
+        s = {"env_kwargs": "{}", **s}
         load = f"{r['load_average_1min']:.1f}" if "load_average_1min" in r else "not recorded"
         tokens_per_s = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else ""  # blank: no LM (`--model random`)
         lines.append((f"| `{s['model']}` | {s['temperature']} " if mixed else "") +

@@ -411,3 +411,17 @@ def test_update_step_times_both_precisions_and_measures_what_bf16_changes(tmp_pa
     assert len((tmp_path / "us.jsonl").read_text().splitlines()) == 2
     with pytest.raises(SystemExit, match="--trainable-layers"):
         update_step.main(update_step.Args(model="tiny", trainable_layers=[-1], output=""))
+
+
+def test_every_committed_zero_shot_result_renders_and_families_md_is_current():
+    """`zero_shot.py --table` reads every JSONL it ever wrote (rows from before env_id / action_mode / env_kwargs
+    became top-level keys included), and the committed families table is what --table makes of its JSONL today."""
+    from benchmarks import zero_shot
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    for path in sorted(results.glob("zero_shot_*.jsonl")):
+        rows = [line for line in path.read_text().splitlines() if line.strip()]
+        assert zero_shot.markdown_table(str(path)).count("\n| `") == len(rows), path.name
+    assert "| `gridworld` | `{}` | free | 50 | 0.00 |" in zero_shot.markdown_table(str(results / "zero_shot_gridworld.jsonl"))
+    families = zero_shot.markdown_table(str(results / "zero_shot_families.jsonl"))
+    assert (results / "zero_shot_families.md").read_text() == families
