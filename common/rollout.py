@@ -789,14 +789,17 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
             positions = torch.tensor([s.position for s in steps], device=device)
             first_logp = F.log_softmax(head(hidden[i, positions - 1 - shared]).float(), -1)  # hidden starts at `shared`
             scores = first_logp[:, [c[0] for c in candidates]]  # [S, K]
-            if multi:
-                extra = torch.zeros_like(scores)
-                for s_idx, k, start, n in layout[i]:
-                    if n:
-                        logp = F.log_softmax(head(hidden[i, start: start + n]).float(), -1)
-                        target = torch.tensor(candidates[k][1:], device=device)
-                        extra[s_idx, k] = logp.gather(-1, target[:, None]).sum()
-                scores = scores + extra
+            if multi and (rows := [r for r in layout[i] if r[3]]):
+                # every candidate's later tokens through the head in one call: under CPU bf16 autocast each call
+                # casts the (frozen, so uncached) 49152 x 576 head weight anew and keeps the copy for the backward
+                # (a call per candidate and step took 12 GB on 2 BabyAI episodes)
+                at = torch.cat([torch.arange(start, start + n) for _, _, start, n in rows]).to(device)
+                target = torch.tensor([tok for _, k, _, _ in rows for tok in candidates[k][1:]], device=device)
+                token_logp = F.log_softmax(head(hidden[i, at]).float(), -1).gather(-1, target[:, None]).squeeze(-1)
+                row_of = torch.repeat_interleave(torch.tensor([n for *_, n in rows], device=device))
+                extra = torch.zeros(len(rows), dtype=token_logp.dtype, device=device).index_add(0, row_of, token_logp)
+                step_k = torch.tensor([(s_idx, k) for s_idx, k, _, _ in rows], device=device)
+                scores = scores.index_put((step_k[:, 0], step_k[:, 1]), extra, accumulate=True)
             if choice_token_norm:
                 scores = scores / torch.tensor([len(c) for c in candidates], device=device, dtype=scores.dtype)
             action_logp = F.log_softmax(scores / temp, -1)

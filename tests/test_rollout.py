@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import envs
 import envs.gridworld
 from common.chat import ChatFormat
+from common.models import autocast
 from common.rollout import (RolloutConfig, RolloutEngine, _BufferedLayer, _shared_prefix_length, behavior_units,
                             policy_logprobs, sample_from_logits)
 
@@ -252,6 +253,19 @@ def test_tree_scoring_can_start_from_recorded_candidate_inputs(tiny):
     assert ((behaviour - partial.logprobs).abs() * full.mask).max().item() < 1e-4  # = the sampler's KV-cache scores
     with pytest.raises(ValueError, match="do not match"):
         policy_logprobs(model, trajs, "choice", 1.0, True, engine.layer_inputs, 1, engine.branch_inputs[::-1])
+
+    # the LM head runs twice per episode (first tokens, then every candidate's later tokens), not once per step and
+    # candidate: under CPU bf16 autocast each call keeps a fresh bf16 copy of the frozen head weight for the backward
+    # (12 GB for 2 BabyAI episodes of SmolLM2 when it ran per candidate); the bf16 scores stay the fp32 ones
+    calls = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with autocast("cpu", "bfloat16"):
+            bf16 = policy_logprobs(model, trajs, "choice", 1.0, True, engine.layer_inputs, 1, engine.branch_inputs)
+    finally:
+        handle.remove()
+    assert len(calls) == 2 * len(trajs), len(calls)
+    assert 0 < ((bf16.logprobs.float() - partial.logprobs).abs() * full.mask).max().item() < 0.1
 
 
 @pytest.mark.parametrize("mode", ["free", "choice"])
