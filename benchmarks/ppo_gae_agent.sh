@@ -27,7 +27,11 @@
 #      machine (run 2 of benchmarks/results/ppo_gae_agent_gridworld.md).
 #   6b. SEEDS="1 2 3": run 6 on seeds 1-3 (current engine): greedy success 1.000 +- 0.000, return 3.533 +- 0.024
 #      after 200 episodes (benchmarks/results/ppo_gae_agent_gridworld.md, "Run 2 on seeds 1, 2 and 3").
-#   7. BABYAI=1: the same settings on BabyAI GoToRedBall, 24 steps (GLAM's setting; docs/ppo_gae_agent.md "Results").
+#   7. BABYAI=1: the same settings on BabyAI GoToRedBall, 24 steps (GLAM's setting; docs/ppo_gae_agent.md "Results"),
+#      with both CPU bf16 flags, 25 iterations (200 episodes), alone on the machine: 29.8 min, 62.8 s per iteration;
+#      sampled success 0.20 (iterations 1-12) -> 0.28 (13-25), greedy success 0.00 / 0.00 / 0.50 / 0.00 / 0.00 / 0.00
+#      at 0 / 40 / 80 / 120 / 160 / 200 episodes (benchmarks/results/ppo_gae_agent_babyai.md). A uniformly
+#      forward-biased random policy: 26%. BABYAI_SPEED=1: 2 iterations fp32 vs bf16 side by side (same file).
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -114,12 +118,36 @@ if [ -n "${SEEDS:-}" ]; then
 fi
 
 if [ -n "${BABYAI:-}" ]; then
-  # 7. GLAM's setting: BabyAI GoToRedBall in choice mode, 24 steps, 8 greedy evaluation episodes on unseen layouts
-  #    (the published run was stopped after iteration 6 and checkpointed every iteration; `--resume RUN` goes on)
+  # 7. GLAM's setting: BabyAI GoToRedBall in choice mode, 24 steps, 8 greedy evaluation episodes on unseen layouts,
+  #    a bf16 sampler and bf16 update (docs/ppo_gae_agent.md item 15; this CPU has AMX / AVX512-BF16)
   timed python algorithms/ppo_gae_agent.py --env-id babyai-gotoredball --max-episode-steps 24 --learning-rate 1e-4 \
-      --num-episodes 8 --total-iterations 25 --eval-episodes 8 --checkpoint-every 1 --exp-name lr1e-4 \
-      --output-dir "$OUT/babyai"
-  python benchmarks/summarize_run.py "$(ls -d "$OUT"/babyai/babyai-gotoredball__lr1e-4__* | tail -1)" --every 8
+      --num-episodes 8 --total-iterations 25 --eval-episodes 8 --checkpoint-every 1 --rollout-dtype bfloat16 \
+      --update-dtype bfloat16 --exp-name lr1e-4-bf16 --output-dir "$OUT/babyai"
+  python benchmarks/summarize_run.py "$(ls -d "$OUT"/babyai/babyai-gotoredball__lr1e-4-bf16__* | tail -1)" --every 8
+fi
+
+if [ -n "${BABYAI_SPEED:-}" ]; then
+  # 7b. The same setting for 2 iterations (no evaluation), one configuration after the other: fp32, both bf16 flags,
+  #     bf16 with a 1 MiB mmap threshold (common/memory.py), bf16 with malloc_trim(0) every second; peak RSS from
+  #     /usr/bin/time -v (published: benchmarks/results/ppo_gae_agent_babyai.md, "fp32 against bf16")
+  speed_flags=(--env-id babyai-gotoredball --max-episode-steps 24 --learning-rate 1e-4 --num-episodes 8
+               --total-iterations 2 --eval-every 0 --output-dir "$OUT/babyai_speed")
+  bf16=(--rollout-dtype bfloat16 --update-dtype bfloat16)
+  trim='import ctypes, runpy, sys, threading, time
+libc = ctypes.CDLL(None)
+threading.Thread(target=lambda: [libc.malloc_trim(0) or time.sleep(1) for _ in iter(int, 1)], daemon=True).start()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")'
+  for config in fp32 bf16 bf16_mmap1m bf16_trim; do
+    case $config in
+      fp32) cmd=(python algorithms/ppo_gae_agent.py "${speed_flags[@]}") ;;
+      bf16) cmd=(python algorithms/ppo_gae_agent.py "${speed_flags[@]}" "${bf16[@]}") ;;
+      bf16_mmap1m) cmd=(env MALLOC_MMAP_THRESHOLD_=1048576 python algorithms/ppo_gae_agent.py "${speed_flags[@]}" "${bf16[@]}") ;;
+      bf16_trim) cmd=(python -c "$trim" algorithms/ppo_gae_agent.py "${speed_flags[@]}" "${bf16[@]}") ;;
+    esac
+    OMP_NUM_THREADS=2 /usr/bin/time -v "${cmd[@]}" --exp-name "$config" 2>&1 | tee "$OUT/babyai_speed_$config.log" \
+        | grep -E "^iter|Maximum resident"
+  done
 fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
