@@ -47,3 +47,12 @@ if [ -n "${RUN_HUMANEVAL:-}" ]; then
       --max-turn-tokens 128 --eval-tasks 8 --eval-samples 2 --eval-k 2 --humaneval-tasks 32 --eval-every 15 \
       --output-dir "$OUT/humaneval"
 fi
+
+# the longest run so far (RUN_BF16_LONG=1 bash benchmarks/rlef.sh): 60 iterations (240 training episodes) with both CPU
+# bf16 flags (docs/rlef.md item 13), held-out evaluation on 16 level-1 test tasks x 4 samples at iterations 0/30/60
+# (published: benchmarks/results/rlef_codegen.md, "60 iterations with the bf16 flags")
+if [ -n "${RUN_BF16_LONG:-}" ]; then
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 60 --group-size 4 --resample-budget 0 \
+      --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 0 --eval-every 30 \
+      --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 10 --output-dir "$OUT/bf16_long"
+fi
