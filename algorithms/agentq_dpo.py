@@ -590,10 +590,10 @@ if __name__ == "__main__":
 
     weights = full_tensors(model.state_dict()) if args.save_model and fsdp_layers else None  # FSDP: collective
     if args.save_model and rank == 0:
-        path = os.path.join(run_dir, "model")
-        save_model(model, tokenizer, path, weights)  # with LoRA: the adapter only (+ the record of its base)
+        save_model(model, tokenizer, path := os.path.join(run_dir, "model"), weights)  # LoRA: adapter + base record
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
-    if world > 1:
+    if world > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
+        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
         dist.destroy_process_group()

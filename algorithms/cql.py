@@ -573,5 +573,6 @@ if __name__ == "__main__":
         print0(f"model and Q head saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {tracker.run_dir}")
     tracker.close()
-    if world > 1:
+    if world > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
+        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
         dist.destroy_process_group()

@@ -586,5 +586,6 @@ if __name__ == "__main__":
         print0(f"model saved to {os.path.join(run_dir, 'model')}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
-    if args.world_size > 1:
+    if args.world_size > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
+        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
         dist.destroy_process_group()
