@@ -160,7 +160,7 @@ class Args:
     update (faster on a CPU with AVX512-BF16; pi_old is then the copy's, as in grpo_agent.py)"""
     update_dtype: Literal["float32", "bfloat16"] = "float32"
     """CPU: `bfloat16` runs the V_old / reference passes and the update's forward/backward under bf16 autocast (fp32
-    weights, value head and AdamW; 1.8-2x faster on an AMX CPU)"""
+    weights, value head and AdamW; measured 1.6-2x faster on this AMX CPU)"""
     max_turn_tokens: int = 8
     """free mode: cap on generated tokens per turn"""
     max_total_tokens: int = 4096

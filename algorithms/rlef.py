@@ -44,7 +44,7 @@ Where this departs from the paper / seed:
   left without a group makes no update and logs no loss (`--no-filter-zero-variance` keeps such groups).
 - The curriculum moves up a level when the rolling solve rate of training episodes passes a threshold; it
   never moves down. Training tasks come from the `train` split, evaluation from the disjoint `test` split.
-- CPU bf16 by flag: `--rollout-dtype bfloat16` (a bf16 sampling copy: pi_old is its), `--update-dtype bfloat16`.
+- CPU bf16 by flag: `--rollout-dtype bfloat16` (pi_old from a bf16 sampling copy), `--update-dtype bfloat16`.
 - pass@k is over one-attempt episodes (`--eval-attempts 1`), as in HumanEval; `eval/pass@1` is the
   unbiased estimate from the same n samples (mean of c/n), not greedy decoding.
 """
