@@ -64,8 +64,8 @@ import tyro
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (clip_grad_norm, dist_info, full_tensors, gather_lists, gathered, init_distributed,
-                                is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
+from common.distributed import (clip_grad_norm, dist_info, finish_distributed, full_tensors, gather_lists, gathered,
+                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
 from common.models import adapter_disabled, load_model, resolve_device, save_model, train_top_layers
 from common.records import ChoiceStep, Trajectory
 from common.rollout import (KVBatch, RolloutConfig, RolloutEngine, decode_attention_backend, decode_weight_layout,
@@ -594,6 +594,5 @@ if __name__ == "__main__":
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
-    if world > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
-        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
-        dist.destroy_process_group()
+    if world > 1:
+        finish_distributed()  # barrier, destroy the group, exit 0 skipping the interpreter's shutdown (gloo abort)

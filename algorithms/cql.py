@@ -74,8 +74,9 @@ from torch import nn
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, init_distributed,
-                                is_sharded, print0, rank_param_divergence, seed_everything, shard_layers, shard_like)
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, finish_distributed, full_tensors, gathered,
+                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers,
+                                shard_like)
 from common.models import apply_lora, load_model, resolve_device, save_model
 from common.offline import (FeatureCache, collect, dataset_stats, encode_states, filter_demonstrations, load_dataset,
                             transitions, write_dataset)
@@ -573,6 +574,5 @@ if __name__ == "__main__":
         print0(f"model and Q head saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {tracker.run_dir}")
     tracker.close()
-    if world > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
-        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
-        dist.destroy_process_group()
+    if world > 1:
+        finish_distributed()  # barrier, destroy the group, exit 0 skipping the interpreter's shutdown (gloo abort)

@@ -72,8 +72,9 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
-                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, finish_distributed, full_tensors, gathered,
+                                global_loss_denominator, init_distributed, is_sharded, print0, rank_param_divergence,
+                                seed_everything, shard_layers)
 from common.models import autocast, load_model, resolve_device, save_model, train_top_layers
 from common.records import Trajectory
 from common.rollout import score_candidates
@@ -500,6 +501,5 @@ if __name__ == "__main__":
             print0(f"model saved to {path}")
     print0(f"done in {time.time() - t0:.0f}s; logs in {run_dir}")
     tracker.close()
-    if world > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
-        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
-        dist.destroy_process_group()
+    if world > 1:
+        finish_distributed()  # barrier, destroy the group, exit 0 skipping the interpreter's shutdown (gloo abort)

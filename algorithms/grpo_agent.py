@@ -58,8 +58,9 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
-                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, finish_distributed, full_tensors, gathered,
+                                global_loss_denominator, init_distributed, is_sharded, print0, rank_param_divergence,
+                                seed_everything, shard_layers)
 from common.exploration import NoveltyBonus, SelfImitationMemory
 from common.memory import cap_mmap_threshold
 from common.models import (adapter_disabled, autocast, load_model, refresh_sampling_copy, resolve_device, sampling_copy,
@@ -594,6 +595,5 @@ if __name__ == "__main__":
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
-    if args.world_size > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
-        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
-        dist.destroy_process_group()
+    if args.world_size > 1:
+        finish_distributed()  # barrier, destroy the group, exit 0 skipping the interpreter's shutdown (gloo abort)

@@ -60,7 +60,8 @@ from torch import nn
 import envs
 from common.chat import ChatFormat
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import all_reduce_mean, dist_info, init_distributed, print0, rank_param_divergence, seed_everything
+from common.distributed import (all_reduce_mean, dist_info, finish_distributed, init_distributed, print0,
+                                rank_param_divergence, seed_everything)
 from common.models import load_model, resolve_device
 from common.rollout import score_candidates
 from common.tracking import Tracker, make_run_name
@@ -508,6 +509,5 @@ if __name__ == "__main__":
         print0(f"planner: {planner.plans} plans; {planner.model_calls} LLM forwards, {planner.cache_hits} from the cache")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
-    if world > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
-        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
-        dist.destroy_process_group()
+    if world > 1:
+        finish_distributed()  # barrier, destroy the group, exit 0 skipping the interpreter's shutdown (gloo abort)

@@ -62,8 +62,9 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, full_tensors, gathered, global_loss_denominator,
-                                init_distributed, is_sharded, print0, rank_param_divergence, seed_everything, shard_layers)
+from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, finish_distributed, full_tensors, gathered,
+                                global_loss_denominator, init_distributed, is_sharded, print0, rank_param_divergence,
+                                seed_everything, shard_layers)
 from common.models import (adapter_disabled, autocast, load_model, parameter_counts, refresh_sampling_copy, resolve_device,
                            sampling_copy, save_model, train_top_layers)
 from common.records import Trajectory
@@ -586,6 +587,5 @@ if __name__ == "__main__":
         print0(f"model saved to {os.path.join(run_dir, 'model')}")
     print0(f"done in {time.time() - start:.0f}s; logs in {run_dir}")
     tracker.close()
-    if args.world_size > 1:  # all ranks at the end (rank 0 saves last) before the group goes; one that left
-        dist.barrier()  # first could abort in teardown (SIGABRT: "terminate called without an active exception")
-        dist.destroy_process_group()
+    if args.world_size > 1:
+        finish_distributed()  # barrier, destroy the group, exit 0 skipping the interpreter's shutdown (gloo abort)

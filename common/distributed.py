@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
 from contextlib import contextmanager
 
 import numpy as np
@@ -26,6 +27,23 @@ def init_distributed(device: torch.device) -> tuple[int, int, int]:
             torch.cuda.set_device(local_rank)
     return rank, local_rank, world
 
+
+
+def finish_distributed():
+    """The last call of a torchrun rank: wait for every rank (rank 0 saves last), destroy the group, and leave at once
+    with status 0, skipping the interpreter's shutdown.
+
+    Why not a plain return (torch 2.13, gloo): a gloo worker thread frees a finished collective's tensors just after
+    the caller's `wait()` returns, and freeing a tensor Python knows takes the GIL. When that lands in the interpreter's
+    shutdown the thread is unwound while it waits for the GIL, and the rank aborts after all its work is done (SIGABRT,
+    "terminate called without an active exception": 1 run in ~6 of a 2-rank FSDP test here; gdb shows the gloo
+    `runLoop` in `~AsyncAllgatherCoalescedWork` under `Py_FinalizeEx`). `destroy_process_group` does not stop those
+    threads while models still hold the group. Everything is written and closed by now, so nothing is lost."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 def print0(*args, **kwargs):
     if dist_info()[0] == 0:
