@@ -202,9 +202,9 @@ SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--max-turn-t
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
                "charts/pass_fraction", "charts/curriculum_level", "losses/sft_loss", "losses/policy_loss",
                "losses/entropy", "diagnostics/clip_fraction", "diagnostics/ratio_mean", "diagnostics/advantage_std",
-               "diagnostics/zero_variance_groups", "diagnostics/logprob_mismatch", "diagnostics/policy_lag",
-               "perf/rollout_s", "perf/decode_s", "perf/sandbox_s", "perf/update_s", "perf/iteration_s",
-               "perf/rollout_tokens_per_s", "eval/pass@1", "eval/pass@k", "eval/mean_reward",
+               "diagnostics/zero_variance_groups", "diagnostics/logprob_mismatch", "diagnostics/logprob_mismatch_mean",
+               "diagnostics/policy_lag", "perf/rollout_s", "perf/decode_s", "perf/sandbox_s", "perf/update_s",
+               "perf/iteration_s", "perf/rollout_tokens_per_s", "eval/pass@1", "eval/pass@k", "eval/mean_reward",
                "eval/humaneval_pass@1", "eval/humaneval_pass@k")
 
 
@@ -250,8 +250,7 @@ def advantages(returns: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
     ppo: A_i = (r_i - mean_batch(r)) / (std_batch(r) + eps): one baseline for the whole batch (no critic).
     """
     dims = (1,) if mode == "grpo" else (0, 1)
-    mean = returns.mean(dim=dims, keepdim=True)
-    std = returns.std(dim=dims, keepdim=True, unbiased=False)
+    mean, std = returns.mean(dim=dims, keepdim=True), returns.std(dim=dims, keepdim=True, unbiased=False)
     return (returns - mean) / (std + eps)
 
 
@@ -291,7 +290,7 @@ def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None,
         most = torch.tensor(len(chunks), device=device)
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
         chunks += [None] * (int(most) - len(chunks))  # None: a zero-weight pass over `pad`
-    stats = dict.fromkeys(("clipped", "ratio_sum", "entropy_sum", "policy_loss", "mismatch", "grad_norm"), 0.0)
+    stats = dict.fromkeys(("clipped", "ratio_sum", "entropy_sum", "policy_loss", "mismatch", "gap_sum", "grad_norm"), 0.0)
     stats["num_units"] = num_units
     model.train()
     for epoch in range(args.update_epochs):
@@ -312,6 +311,7 @@ def update_policy(model, optimizer, params, trajs, adv, args, layer_inputs=None,
             if epoch == 0:  # the sampler's weights: equal log-probs in fp32, bf16 rounding with the bf16 flags
                 gap = (units.logprobs.detach() - old_logp[sl]).abs() * unit_mask[sl]
                 stats["mismatch"] = max(stats["mismatch"], gap.max().item())
+                stats["gap_sum"] += gap.sum().item()  # / units: diagnostics/logprob_mismatch_mean
                 stats["entropy_sum"] += (units.entropy.detach() * unit_mask[sl]).sum().item()
                 stats["policy_loss"] += loss.item()
             if epoch == args.update_epochs - 1:  # how far the last epoch has moved from the sampler
@@ -527,7 +527,7 @@ if __name__ == "__main__":
         ranks_with_data = float(bool(train_trajs))
         if args.world_size > 1:  # under torchrun every rank joins the same all-reduces, even with nothing to train
             ranks_with_data = all_reduce_mean({"n": ranks_with_data})["n"] * args.world_size
-        stats = dict.fromkeys(("num_units", "clipped", "ratio_sum", "entropy_sum", "policy_loss", "mismatch", "grad_norm"), 0.0)
+        stats = {"num_units": 0.0}  # no update anywhere: nothing else of it is logged
         if ranks_with_data > 0:
             pad = (trajs[0], engine.layer_inputs[0] if frozen_below is not None else None) if fsdp_layers else None
             stats = update_policy(model, optimizer, params, train_trajs, train_adv, args, train_inputs, frozen_below,
@@ -560,7 +560,8 @@ if __name__ == "__main__":
             scalars.update({"losses/policy_loss": stats["policy_loss"], "losses/entropy": stats["entropy_sum"] / num_units,
                             "diagnostics/clip_fraction": stats["clipped"] / num_units,
                             "diagnostics/ratio_mean": stats["ratio_sum"] / num_units,
-                            "diagnostics/logprob_mismatch": stats["mismatch"], "diagnostics/grad_norm": stats["grad_norm"]})
+                            "diagnostics/logprob_mismatch": stats["mismatch"], "diagnostics/grad_norm": stats["grad_norm"],
+                            "diagnostics/logprob_mismatch_mean": stats["gap_sum"] / num_units})
         scalars = all_reduce_mean(scalars)
         tracker.scalars(scalars, episodes_seen)
         if iteration == 1 or iteration % 10 == 0:

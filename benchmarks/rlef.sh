@@ -56,3 +56,17 @@ if [ -n "${RUN_BF16_LONG:-}" ]; then
       --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 0 --eval-every 30 \
       --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 10 --output-dir "$OUT/bf16_long"
 fi
+
+# the cold-started run (RUN_SFT=1 bash benchmarks/rlef.sh): RUN_BF16_LONG's 60 iterations after 40 SFT steps on
+# training-split reference solutions (160 demonstrations, never a test template), with the first 32 HumanEval problems
+# as well at iterations 0/30/60 (iteration 0 is after the cold start; RUN_BF16_LONG's iteration 0 is the held-out score
+# before it). Published: benchmarks/results/rlef_codegen.md, "Cold start, then 60 iterations".
+if [ -n "${RUN_SFT:-}" ]; then
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 60 --group-size 4 --resample-budget 0 \
+      --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 32 --eval-every 30 \
+      --sft-steps 40 --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 10 --output-dir "$OUT/sft"
+  # HumanEval before any training at the same evaluation settings: this run's iteration-0 evaluation (no cold start)
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 1 --group-size 4 --resample-budget 0 \
+      --max-turn-tokens 128 --eval-tasks 0 --eval-samples 4 --eval-k 4 --humaneval-tasks 32 \
+      --rollout-dtype bfloat16 --update-dtype bfloat16 --output-dir "$OUT/humaneval_base"
+fi

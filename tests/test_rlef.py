@@ -331,7 +331,8 @@ def test_fsdp_needs_torchrun():
 def test_bf16_sampler_is_refreshed_after_the_cold_start_and_every_update(tmp_path):
     """`--rollout-dtype bfloat16 --update-dtype bfloat16` on `tiny` over a frozen trunk: a bf16 copy samples and is
     refreshed after the (large-step) SFT cold start and after every update, so the sampler -> trainer log-prob gap is
-    bf16 rounding (> 0, < 0.1; a copy left at the initial weights is far off); the saved weights stay fp32."""
+    bf16 rounding (> 0, < 0.1; a copy left at the initial weights is far off), its mean over policy tokens no larger
+    than its maximum; the saved weights stay fp32."""
     from safetensors.torch import load_file
 
     cmd = [sys.executable, str(ROOT / "algorithms" / "rlef.py"), "--model", "tiny", "--output-dir", str(tmp_path),
@@ -345,6 +346,8 @@ def test_bf16_sampler_is_refreshed_after_the_cold_start_and_every_update(tmp_pat
     scalars = read_scalars(run_dir)
     gaps = [v for _, v in scalars["diagnostics/logprob_mismatch"]]
     assert len(gaps) == 2 and all(0 < g < 0.1 for g in gaps), gaps
+    means = [v for _, v in scalars["diagnostics/logprob_mismatch_mean"]]  # per policy token, so at most the largest gap
+    assert len(means) == 2 and all(0 < m <= g for m, g in zip(means, gaps)), (means, gaps)
     assert all(v > 0 for _, v in scalars["perf/weight_sync_s"]) and len(scalars["eval/pass@1"]) == 2
     weights = load_file(str(run_dir / "model" / "model.safetensors"))
     assert weights and all(w.dtype == torch.float32 for w in weights.values())
