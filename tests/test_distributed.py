@@ -1,8 +1,11 @@
 """common/distributed.py under a real 2-process gloo group: sums, means and maxima, the global loss denominator
-(2 ranks x batch b == 1 process x batch 2b), and the rank-divergence check."""
+(2 ranks x batch b == 1 process x batch 2b), the rank-divergence check, and how a rank ends (finish_distributed)."""
 
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +91,37 @@ def test_without_torchrun_everything_is_the_identity():
     assert all_reduce_sum({"a": 2.0}) == {"a": 2.0}
     assert global_loss_denominator(5) == 5.0
     assert rank_param_divergence([torch.ones(2)]) == 0.0
+
+
+RANK_SCRIPT = """
+import atexit, sys
+sys.path.insert(0, {root!r})
+import torch
+import torch.distributed as dist
+from common.distributed import finish_distributed, init_distributed
+
+rank, _, world = init_distributed(torch.device("cpu"))
+total = torch.ones(4) * (rank + 1)
+dist.all_reduce(total)
+atexit.register(lambda: print("interpreter shutdown ran", flush=True))
+print(f"rank {{rank}} of {{world}}: sum {{total[0].item():.0f}}")  # stdout is a pipe: this waits in the buffer
+finish_distributed()
+print("after finish_distributed", flush=True)
+"""
+
+
+def test_finish_distributed_flushes_and_exits_zero_without_the_interpreter_shutdown(tmp_path):
+    """A rank's last call: its buffered output reaches the pipe, the exit status is 0, and neither the code after it nor
+    the interpreter's shutdown (atexit) runs: where gloo's worker threads could abort. The ranks are started by hand,
+    as a cluster launcher would (torchrun sets PYTHONUNBUFFERED, which would hide a missing flush)."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.format(root=str(Path(__file__).resolve().parents[1])))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(2)]
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-2000:] + err[-4000:]
+        assert out == f"rank {rank} of 2: sum 3\n", out  # nothing after the call, no atexit handler
