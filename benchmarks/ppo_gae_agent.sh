@@ -32,6 +32,8 @@
 #      sampled success 0.20 (iterations 1-12) -> 0.28 (13-25), greedy success 0.00 / 0.00 / 0.50 / 0.00 / 0.00 / 0.00
 #      at 0 / 40 / 80 / 120 / 160 / 200 episodes (benchmarks/results/ppo_gae_agent_babyai.md). A uniformly
 #      forward-biased random policy: 26%. BABYAI_SPEED=1: 2 iterations fp32 vs bf16 side by side (same file).
+#      BABYAI_MICROBATCH=1: peak RSS at --micro-batch-size 4 / 2 / 1 (11.84 / 8.44 / 7.00 GB). BABYAI16=1: 16 episodes
+#      per iteration, stopped after 10 iterations: sampled success 0.12-0.31, greedy 0.00 / 0.06 / 0.06 (same file).
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -148,6 +150,27 @@ runpy.run_path(sys.argv[0], run_name="__main__")'
     OMP_NUM_THREADS=2 /usr/bin/time -v "${cmd[@]}" --exp-name "$config" 2>&1 | tee "$OUT/babyai_speed_$config.log" \
         | grep -E "^iter|Maximum resident"
   done
+fi
+
+if [ -n "${BABYAI_MICROBATCH:-}" ]; then
+  # 7c. The bf16 setting for 2 iterations at --micro-batch-size 4 / 2 / 1, one after the other (the update is the same;
+  #     only its memory and speed change). Published: benchmarks/results/ppo_gae_agent_babyai.md, "Where the memory
+  #     goes" (there the peak was read from /proc every second; here from /usr/bin/time -v)
+  for mb in 4 2 1; do
+    OMP_NUM_THREADS=2 /usr/bin/time -v python algorithms/ppo_gae_agent.py --env-id babyai-gotoredball \
+        --max-episode-steps 24 --learning-rate 1e-4 --num-episodes 8 --total-iterations 2 --eval-every 0 \
+        --rollout-dtype bfloat16 --update-dtype bfloat16 --micro-batch-size "$mb" --exp-name "mb$mb" \
+        --output-dir "$OUT/babyai_microbatch" 2>&1 | tee "$OUT/babyai_microbatch_$mb.log" | grep -E "^iter|Maximum resident"
+  done
+fi
+
+if [ -n "${BABYAI16:-}" ]; then
+  # 7d. Twice the episodes per iteration (16), one episode per forward/backward, 16 greedy evaluation episodes every 5
+  #     iterations. Published (stopped after 10 of 20 iterations, 160 episodes): benchmarks/results/ppo_gae_agent_babyai.md
+  timed python algorithms/ppo_gae_agent.py --env-id babyai-gotoredball --max-episode-steps 24 --learning-rate 1e-4 \
+      --num-episodes 16 --total-iterations 20 --eval-every 5 --eval-episodes 16 --checkpoint-every 1 \
+      --rollout-dtype bfloat16 --update-dtype bfloat16 --micro-batch-size 1 --exp-name b16-mb1 --output-dir "$OUT/babyai16"
+  python benchmarks/summarize_run.py "$(ls -d "$OUT"/babyai16/babyai-gotoredball__b16-mb1__* | tail -1)" --every 1
 fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
