@@ -36,9 +36,9 @@ def finish_distributed():
     Why not a plain return (torch 2.13, gloo): a gloo worker thread frees a finished collective's tensors just after
     the caller's `wait()` returns, and freeing a tensor Python knows takes the GIL. When that lands in the interpreter's
     shutdown the thread is unwound while it waits for the GIL, and the rank aborts after all its work is done (SIGABRT,
-    "terminate called without an active exception": 1 run in ~6 of a 2-rank FSDP test here; gdb shows the gloo
+    "terminate called without an active exception": 2 of 6 two-rank FSDP test runs here; gdb shows the gloo
     `runLoop` in `~AsyncAllgatherCoalescedWork` under `Py_FinalizeEx`). `destroy_process_group` does not stop those
-    threads while models still hold the group. Everything is written and closed by now, so nothing is lost."""
+    threads while models still hold the group. Call it once every file is written and closed: nothing after it runs."""
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
