@@ -193,8 +193,8 @@ class Args:
 
 
 # the flags --resume lets differ from the saved run (none of them changes what the training samples)
-RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_tasks", "humaneval_tasks", "save_model", "resume",
-             "output_dir"}
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_tasks", "eval_level", "eval_samples", "eval_k",
+             "eval_temperature", "eval_attempts", "humaneval_tasks", "save_model", "resume", "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--max-turn-tokens", "8", "--no-filter-zero-variance",
                    "--sft-steps", "1", "--sft-batch-size", "2", "--eval-tasks", "1", "--humaneval-tasks", "1",

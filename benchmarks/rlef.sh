@@ -70,3 +70,19 @@ if [ -n "${RUN_SFT:-}" ]; then
       --max-turn-tokens 128 --eval-tasks 0 --eval-samples 4 --eval-k 4 --humaneval-tasks 32 \
       --rollout-dtype bfloat16 --update-dtype bfloat16 --output-dir "$OUT/humaneval_base"
 fi
+
+# the cold-started run evaluated at level 2, where its RL phase trained (RUN_SFT=1 RUN_LEVEL2=1 bash ...): RUN_SFT's final
+# checkpoint resumed in a copy of its run directory with --eval-level 2 (the loop is done: it only evaluates), and the
+# untouched and the cold-started model at the same evaluation (iteration 0 of one-iteration runs). Published
+# (benchmarks/results/rlef_codegen.md, "evaluated at level 2"): pass@1 0.000 / 0.000 / 0.000, mean pass fraction
+# 0.008 / 0.121 / 0.135 (untouched / cold start / + 60 RL iterations).
+if [ -n "${RUN_LEVEL2:-}" ]; then
+  SFT_RUN=$(ls -d "$OUT"/sft/codegen__rlef__1__* | tail -1)
+  rm -rf "$OUT/level2" && mkdir -p "$OUT/level2" && cp -r "$SFT_RUN" "$OUT/level2/rl"
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --resume "$OUT/level2/rl" --eval-level 2 --humaneval-tasks 0
+  for sft in 0 40; do
+    OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 1 --group-size 4 --resample-budget 0 \
+        --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 0 --eval-level 2 \
+        --sft-steps $sft --rollout-dtype bfloat16 --update-dtype bfloat16 --output-dir "$OUT/level2/sft$sft"
+  done
+fi

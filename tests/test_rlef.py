@@ -271,6 +271,22 @@ def test_tiny_run_completes_with_ppo_curriculum_and_filtering(tmp_path):
     assert "| loss +nan |" in proc.stdout
 
 
+def test_resume_may_change_the_evaluation_but_not_the_training(tmp_path, monkeypatch):
+    """Evaluating a finished run at another level (`--resume RUN --eval-level 2`) is allowed; the evaluation draws from
+    its own generator, so the training stays the saved one. A training flag (here the start level) is refused."""
+    import json
+
+    from common.checkpoint import cli_with_resume
+    (tmp_path / "args.json").write_text(json.dumps({**vars(rlef.Args()), "sft_steps": 40, "world_size": 1}))
+    monkeypatch.setattr(sys, "argv", ["rlef.py", "--resume", str(tmp_path), "--eval-level", "2", "--eval-samples", "8",
+                                      "--eval-k", "8", "--eval-temperature", "0.2", "--eval-attempts", "2"])
+    args = cli_with_resume(rlef.Args, rlef.RESUMABLE, "rlef.py")
+    assert (args.eval_level, args.eval_samples, args.eval_k, args.eval_attempts, args.sft_steps) == (2, 8, 8, 2, 40)
+    monkeypatch.setattr(sys, "argv", ["rlef.py", "--resume", str(tmp_path), "--eval-level", "2", "--level", "2"])
+    with pytest.raises(SystemExit, match=r"not --level \(saved 1, given 2\)"):
+        cli_with_resume(rlef.Args, rlef.RESUMABLE, "rlef.py")
+
+
 def test_lora_run_saves_an_adapter_that_load_model_loads(tmp_path):
     from common.models import load_model
 
