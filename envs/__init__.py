@@ -64,6 +64,8 @@ def _with_defaults(entry_point: str, **defaults: Any) -> Factory:
     return lambda **kwargs: _load_entry_point(entry_point)(**{**defaults, **kwargs})
 
 
+for _name in ("gridworld", "gridworld-procedural"):  # the egocentric state encoder (envs/gridworld.py)
+    _REGISTRY[f"{_name}-relative"] = _with_defaults(_REGISTRY[_name], observation="relative")
 for _level in BABYAI_LEVELS:  # babyai-gotolocal, babyai-pickuploc, ... (minigrid is imported on first make)
     _REGISTRY[f"babyai-{_level.lower()}"] = _with_defaults("envs.external:BabyAITextEnv", level=_level)
 

@@ -30,6 +30,16 @@ The episode ends with `success` at a goal, or `truncated` after `max_steps` step
 `gridworld-procedural` (ProceduralGridWorldEnv) draws random solvable layouts of the same kind. Its
 train/test split is fixed by the layout's content (sha1 of the layout text mod 5 == 0 -> test), so
 no layout can be in both splits.
+
+Two state encoders (seed 003 §2.2: the encoder turns the state into text the LM can read), chosen by
+`observation`; the dynamics and rewards are the same:
+- "grid" (default): the status line and the grid drawn as rows of characters, A for the agent.
+- "relative" (ids `gridworld-relative`, `gridworld-procedural-relative`): egocentric, as BabyAI-Text
+  describes what the agent sees (Carta et al. 2023): every resource left and every goal as an offset
+  from the agent in move words, nearest first ("Resources left: 1 up 2 right; 3 left."), and the moves a
+  wall or the edge blocks right now. Walls further away are not described, so planning around them
+  is left to trial: the layout is partly observed. On a fresh layout each episode, a 135M model can
+  copy a move word from this text where it would have to locate itself in a drawn grid.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ SEED003_LAYOUT = ("..R....G", ".WW.....", "S...R...", "..W...G.")
 ACTIONS = ("up", "down", "left", "right")
 MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))  # (d_row, d_col) per action; row 0 is the top
 INVALID_FEEDBACK = "Invalid action. Reply with one of: " + ", ".join(ACTIONS) + "."
+OBSERVATIONS = ("grid", "relative")
 
 Pos = tuple[int, int]
 
@@ -194,20 +205,32 @@ class GridWorldEnv(TextEnv):
     action_names = list(ACTIONS)
 
     def __init__(self, layout: tuple[str, ...] | list[str] | None = None, max_steps: int = MAX_STEPS,
-                 invalid_action_rule: str = "penalty", render_mode: str | None = None) -> None:
+                 invalid_action_rule: str = "penalty", render_mode: str | None = None, observation: str = "grid") -> None:
         super().__init__()
         if invalid_action_rule not in ("penalty", "end"):
             raise ValueError(f"invalid_action_rule must be 'penalty' or 'end', got {invalid_action_rule!r}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
         self.fixed_layout = Layout(tuple(layout or SEED003_LAYOUT))  # what `_choose_layout` returns
         self.max_steps, self.invalid_action_rule, self.render_mode = max_steps, invalid_action_rule, render_mode
+        self.observation = observation
+        if observation != "grid":  # what the agent reads is part of the environment's version (seed 001)
+            self.env_version = f"{type(self).env_version}-{observation}"
         self._layout: Layout | None = None
         self._initial: GridState | None = None
         self._state: GridState | None = None
 
     @property
     def system_prompt(self) -> str:
+        if self.observation == "relative":
+            return (
+                "You are on a grid. Collect resources (+1 each), then reach a goal (+3, ends the episode). Each "
+                "observation says where the resources left and the goals are from you, as moves (e.g. 2 up 1 left), "
+                f"and which moves a wall or the edge blocks. Each step costs 0.05; at most {self.max_steps} steps. "
+                "Reply with exactly one word: up, down, left or right."
+            )
         return (
             "You are A on a grid. Collect resources R (+1 each), then reach a goal G (+3, ends the "
             "episode). W is a wall, . is empty. Row 0 is the top: up decreases the row, down "
@@ -273,9 +296,10 @@ class GridWorldEnv(TextEnv):
 
     def _observation(self, feedback: str | None) -> str:
         state, layout = self._state, self._layout
-        status = (f"Step {state.steps}/{self.max_steps}. "
-                  f"Resources {len(state.collected)}/{len(layout.resources)}. You are A.")
-        return "\n".join(([feedback] if feedback else []) + [status, self.render()])
+        status = f"Step {state.steps}/{self.max_steps}. Resources {len(state.collected)}/{len(layout.resources)}."
+        if self.observation == "relative":
+            return "\n".join(([feedback] if feedback else []) + [status, describe_relative(layout, state)])
+        return "\n".join(([feedback] if feedback else []) + [status + " You are A.", self.render()])
 
     def _require_layout(self) -> Layout:
         if self._layout is None:
@@ -305,6 +329,27 @@ class GridWorldEnv(TextEnv):
         if state is None:
             return plan(self._require_layout(), self._state, self.max_steps)[1]
         return plan(state["layout"], state["state"], self.max_steps)[1]
+
+
+def _offset_words(pos: Pos, target: Pos) -> str:
+    """`target` as moves from `pos`, rows first: "2 up 1 left", "3 right"."""
+    d_row, d_col = target[0] - pos[0], target[1] - pos[1]
+    words = ([f"{abs(d_row)} {'up' if d_row < 0 else 'down'}"] if d_row else []) + \
+            ([f"{abs(d_col)} {'left' if d_col < 0 else 'right'}"] if d_col else [])
+    return " ".join(words)
+
+
+def describe_relative(layout: Layout, state: GridState) -> str:
+    """The "relative" encoder: resources left and goals as offsets from the agent, nearest first (ties in
+    reading order), then the moves blocked from here."""
+    def listed(cells) -> str:
+        near = sorted(cells, key=lambda cell: (abs(cell[0] - state.pos[0]) + abs(cell[1] - state.pos[1]), cell))
+        return "; ".join(_offset_words(state.pos, cell) for cell in near) or "none"
+
+    left = [cell for cell in layout.resources if cell not in state.collected]
+    blocked = [f"{ACTIONS[a]} ({why})" for a in range(len(ACTIONS)) if (why := layout.move(state.pos, a)[1])]
+    return (f"Resources left: {listed(left)}. Goals: {listed(layout.goals)}. "
+            f"Blocked: {', '.join(blocked) or 'nothing'}.")
 
 
 def layout_split(layout: Layout) -> str:
@@ -345,8 +390,9 @@ class ProceduralGridWorldEnv(GridWorldEnv):
 
     def __init__(self, split: str = "train", rows: int = 4, cols: int = 8, n_resources: int = 2,
                  max_steps: int = MAX_STEPS, invalid_action_rule: str = "penalty",
-                 render_mode: str | None = None) -> None:
-        super().__init__(max_steps=max_steps, invalid_action_rule=invalid_action_rule, render_mode=render_mode)
+                 render_mode: str | None = None, observation: str = "grid") -> None:
+        super().__init__(max_steps=max_steps, invalid_action_rule=invalid_action_rule, render_mode=render_mode,
+                         observation=observation)
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         self.split, self.rows, self.cols, self.n_resources = split, rows, cols, n_resources
