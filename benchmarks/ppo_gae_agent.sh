@@ -44,6 +44,9 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
 fi
 mkdir -p "$OUT/memory"
 timed() { local t0=$SECONDS; "$@"; echo "$((SECONDS - t0)) s: $*" | tee -a "$OUT/wall_clock.txt"; }
+# Parts 4-7b were published with --micro-batch-size 4, the default until session 29 (now 1: part 7e). The update is the
+# same at any micro-batch size; the flag keeps their seconds and peak memory reproducible.
+MB4=(--micro-batch-size 4)
 # --exp-name only labels the rows of the table; each memory run's stdout is kept in a .log next to its
 # /usr/bin/time report.
 
@@ -93,17 +96,17 @@ timed python algorithms/ppo_gae_agent.py --model tiny --total-iterations 1 --num
     --action-mode choice --trainable-layers 1 --critic separate --exp-name tiny-choice-separate --output-dir "$OUT"
 
 # 4. SmolLM2-135M, defaults otherwise (top 6 layers, beta = 0.01)
-OMP_NUM_THREADS=2 timed python algorithms/ppo_gae_agent.py --total-iterations 2 --num-episodes 8 --eval-every 0 \
+OMP_NUM_THREADS=2 timed python algorithms/ppo_gae_agent.py --total-iterations 2 --num-episodes 8 --eval-every 0 "${MB4[@]}" \
     --exp-name smollm2-2-iterations --output-dir "$OUT"
 
 # 5. SmolLM2-135M, all defaults, checkpointed; the published run was stopped after iteration 10 (kill -TERM), then
 #    summarised. `--resume RUN` continues it to iteration 25.
-OMP_NUM_THREADS=1 timed python algorithms/ppo_gae_agent.py --checkpoint-every 5 --exp-name smollm2-defaults --output-dir "$OUT"
+OMP_NUM_THREADS=1 timed python algorithms/ppo_gae_agent.py --checkpoint-every 5 "${MB4[@]}" --exp-name smollm2-defaults --output-dir "$OUT"
 python benchmarks/summarize_run.py "$(ls -d "$OUT"/gridworld__smollm2-defaults__* | tail -1)" --every 16
 
 # 6. GRPO's learning rate and batch
 timed python algorithms/ppo_gae_agent.py --learning-rate 1e-4 --num-episodes 8 --total-iterations 25 --checkpoint-every 5 \
-    --exp-name lr1e-4 --output-dir "$OUT"
+    "${MB4[@]}" --exp-name lr1e-4 --output-dir "$OUT"
 python benchmarks/summarize_run.py "$(ls -d "$OUT"/gridworld__lr1e-4__* | tail -1)" --every 8
 
 if [ -n "${SEEDS:-}" ]; then
@@ -112,7 +115,7 @@ if [ -n "${SEEDS:-}" ]; then
   #     (in ${OUT}_seeds, beside $OUT: the last plot below would average them with run 6, whose name they share)
   for seed in $SEEDS; do
     timed python algorithms/ppo_gae_agent.py --learning-rate 1e-4 --num-episodes 8 --total-iterations 25 \
-        --checkpoint-every 5 --seed "$seed" --exp-name lr1e-4 --output-dir "${OUT}_seeds"
+        --checkpoint-every 5 --seed "$seed" "${MB4[@]}" --exp-name lr1e-4 --output-dir "${OUT}_seeds"
     python benchmarks/summarize_run.py "$(ls -d "${OUT}_seeds"/gridworld__lr1e-4__"$seed"__* | tail -1)" --every 40
   done
   python benchmarks/plot.py "${OUT}_seeds" --tags eval/success_rate eval/episodic_return charts/success_rate \
@@ -124,7 +127,7 @@ if [ -n "${BABYAI:-}" ]; then
   #    a bf16 sampler and bf16 update (docs/ppo_gae_agent.md item 15; this CPU has AMX / AVX512-BF16)
   timed python algorithms/ppo_gae_agent.py --env-id babyai-gotoredball --max-episode-steps 24 --learning-rate 1e-4 \
       --num-episodes 8 --total-iterations 25 --eval-episodes 8 --checkpoint-every 1 --rollout-dtype bfloat16 \
-      --update-dtype bfloat16 --exp-name lr1e-4-bf16 --output-dir "$OUT/babyai"
+      --update-dtype bfloat16 "${MB4[@]}" --exp-name lr1e-4-bf16 --output-dir "$OUT/babyai"
   python benchmarks/summarize_run.py "$(ls -d "$OUT"/babyai/babyai-gotoredball__lr1e-4-bf16__* | tail -1)" --every 8
 fi
 
@@ -133,7 +136,7 @@ if [ -n "${BABYAI_SPEED:-}" ]; then
   #     bf16 with a 1 MiB mmap threshold (common/memory.py), bf16 with malloc_trim(0) every second; peak RSS from
   #     /usr/bin/time -v (published: benchmarks/results/ppo_gae_agent_babyai.md, "fp32 against bf16")
   speed_flags=(--env-id babyai-gotoredball --max-episode-steps 24 --learning-rate 1e-4 --num-episodes 8
-               --total-iterations 2 --eval-every 0 --output-dir "$OUT/babyai_speed")
+               --total-iterations 2 --eval-every 0 "${MB4[@]}" --output-dir "$OUT/babyai_speed")
   bf16=(--rollout-dtype bfloat16 --update-dtype bfloat16)
   trim='import ctypes, runpy, sys, threading, time
 libc = ctypes.CDLL(None)
@@ -171,6 +174,17 @@ if [ -n "${BABYAI16:-}" ]; then
       --num-episodes 16 --total-iterations 20 --eval-every 5 --eval-episodes 16 --checkpoint-every 1 \
       --rollout-dtype bfloat16 --update-dtype bfloat16 --micro-batch-size 1 --exp-name b16-mb1 --output-dir "$OUT/babyai16"
   python benchmarks/summarize_run.py "$(ls -d "$OUT"/babyai16/babyai-gotoredball__b16-mb1__* | tail -1)" --every 1
+fi
+
+if [ -n "${GRIDWORLD_MICROBATCH:-}" ]; then
+  # 7e. Why the default is 1: GridWorld, fp32 defaults, 8 episodes x 2 iterations at --micro-batch-size 4 then 1, then
+  #     again in the other order. Published (docs/ppo_gae_agent.md, session 29): update 29.8 / 30.4 s at 4 against
+  #     28.6 / 29.2 s at 1, peak RSS 3.34 / 3.34 GB against 2.53 / 2.56 GB, identical logged losses.
+  for mb in 4 1 1 4; do
+    OMP_NUM_THREADS=2 /usr/bin/time -v python algorithms/ppo_gae_agent.py --num-episodes 8 --total-iterations 2 \
+        --eval-every 0 --micro-batch-size "$mb" --exp-name "mb$mb" --output-dir "$OUT/gridworld_microbatch" 2>&1 \
+        | grep -E "^iter|Maximum resident"
+  done
 fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
