@@ -187,5 +187,19 @@ if [ -n "${GRIDWORLD_MICROBATCH:-}" ]; then
   done
 fi
 
+if [ -n "${PROCEDURAL_RELATIVE:-}" ]; then
+  # 8. Held-out procedural layouts with the egocentric encoder (issue 9's target; GRPO's attempt is in
+  #    benchmarks/grpo_agent.sh). Published (benchmarks/results/grpo_agent_procedural.md; stopped by SIGTERM after
+  #    iteration 50 = 400 episodes, then `--resume RUN --total-iterations 50` saved the model): greedy goal rate 16% on
+  #    the 50 test layouts (untrained 8%).
+  timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative --learning-rate 1e-4 --num-episodes 8 \
+      --total-iterations 70 --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 5 --save-model \
+      --eval-every 10 --exp-name proc_rel --output-dir "$OUT/proc_rel"
+  RUN=$(ls -d "$OUT"/proc_rel/gridworld-procedural-relative__proc_rel__1__* | tail -1)
+  python benchmarks/summarize_run.py "$RUN" --every 80
+  timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+      --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel/greedy.jsonl"
+fi
+
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
     diagnostics/explained_variance perf/rollout_s perf/update_s --x-axes episodes wall --output "$OUT/results"
