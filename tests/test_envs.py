@@ -429,8 +429,7 @@ def test_relative_observation_decodes_to_the_true_positions_and_same_dynamics():
 
 def test_relative_observation_alone_suffices_for_a_simple_policy():
     """A policy that reads nothing but the text (step toward the first listed target, sidestep a block) reaches the
-    goal on most held-out layouts: the encoder carries what a policy needs, and a reader of the grid text is not
-    needed. The same policy reading only the first line of the grid observation could not move at all."""
+    goal on most held-out layouts: the encoder carries what a policy needs, without locating the agent in a grid."""
     successes = 0
     for seed in range(50):
         env = envs.make("gridworld-procedural-relative", split="test")
