@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from envs.base import TERMINATIONS, TextEnv
 from envs.external import BABYAI_LEVELS
+from envs.gridworld import SHAPING_WEIGHT
 
 __all__ = ["TERMINATIONS", "TextEnv", "make", "register", "registered_ids"]
 
@@ -64,8 +65,11 @@ def _with_defaults(entry_point: str, **defaults: Any) -> Factory:
     return lambda **kwargs: _load_entry_point(entry_point)(**{**defaults, **kwargs})
 
 
-for _name in ("gridworld", "gridworld-procedural"):  # the egocentric state encoder (envs/gridworld.py)
-    _REGISTRY[f"{_name}-relative"] = _with_defaults(_REGISTRY[_name], observation="relative")
+for _name in ("gridworld", "gridworld-procedural"):  # variants of envs/gridworld.py
+    _REGISTRY[f"{_name}-relative"] = _with_defaults(_REGISTRY[_name], observation="relative")  # egocentric encoder
+    # potential-based reward shaping (seed 003 §3.2), with either encoder
+    _REGISTRY[f"{_name}-shaped"] = _with_defaults(_REGISTRY[_name], shaping=SHAPING_WEIGHT)
+    _REGISTRY[f"{_name}-relative-shaped"] = _with_defaults(_REGISTRY[_name], observation="relative", shaping=SHAPING_WEIGHT)
 for _level in BABYAI_LEVELS:  # babyai-gotolocal, babyai-pickuploc, ... (minigrid is imported on first make)
     _REGISTRY[f"babyai-{_level.lower()}"] = _with_defaults("envs.external:BabyAITextEnv", level=_level)
 

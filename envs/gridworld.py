@@ -40,6 +40,17 @@ Two state encoders (seed 003 §2.2: the encoder turns the state into text the LM
   wall or the edge blocks right now. Walls further away are not described, so planning around them
   is left to trial: the layout is partly observed. On a fresh layout each episode, a 135M model can
   copy a move word from this text where it would have to locate itself in a drawn grid.
+
+Potential-based reward shaping (seed 003 §3.2; Ng, Harada & Russell 1999), off by default: with
+`shaping=w > 0` (ids `gridworld-shaped`, `gridworld-procedural-relative-shaped`, ...: w = SHAPING_WEIGHT) every
+step adds F = Φ(s') - Φ(s) to the `progress` component, where Φ(s) = -w * (fewest steps from s that collect
+every resource left and then reach a goal) and Φ = 0 once the episode succeeds. Moving along a shortest path
+earns +w, moving away -w, a blocked or invalid move 0. The discount is 1, as GRPO's returns are undiscounted.
+Over an episode F telescopes to Φ(s_T) - Φ(s_0): -Φ(s_0) is the same for every episode on a layout (a group's
+advantage cancels it), so what shaping adds to a return is Φ(s_T), zero after success and -w * (steps still
+lacking) when the step limit (or, under rule "end", an invalid action) ends the episode: partial credit for
+ending closer. With two resources (the seed layout, the procedural default) a success still beats every other
+ending, shaped or not (at least 3 - 20 * 0.05 = 2 against at most 2 - 1 - w), so shaping reorders failures only.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ REWARD_GOAL = 3.0
 REWARD_STEP = -0.05
 REWARD_INVALID = -0.1
 MAX_STEPS = 20
+SHAPING_WEIGHT = 0.2  # w of the "-shaped" ids: a step closer nets +0.15 after the step cost, a step away -0.25
 
 SEED003_LAYOUT = ("..R....G", ".WW.....", "S...R...", "..W...G.")
 ACTIONS = ("up", "down", "left", "right")
@@ -126,8 +138,14 @@ class GridState:
 class GridWorldVerifier:
     """Scores one transition from the states the dynamics produced; no agent text reaches it."""
 
-    def __init__(self, layout: Layout, max_steps: int) -> None:
-        self.layout, self.max_steps = layout, max_steps
+    def __init__(self, layout: Layout, max_steps: int, shaping: float = 0.0) -> None:
+        self.layout, self.max_steps, self.shaping = layout, max_steps, shaping
+
+    def potential(self, state: GridState) -> float:
+        """Φ(s) = -w * steps still needed (module docstring); 0 after success."""
+        if self.shaping == 0.0 or state.termination == "success":
+            return 0.0
+        return -self.shaping * remaining_path_length(self.layout, state.pos, state.collected)
 
     def score(self, before: GridState, action: int | None, after: GridState) -> dict[str, float]:
         steps_charged = 1
@@ -135,7 +153,8 @@ class GridWorldVerifier:
             steps_charged = self.max_steps - before.steps  # the whole budget the episode forfeits
         return reward_components(
             format=REWARD_INVALID if action is None else 0.0,
-            progress=REWARD_RESOURCE * (len(after.collected) - len(before.collected)),
+            progress=REWARD_RESOURCE * (len(after.collected) - len(before.collected))
+            + self.potential(after) - self.potential(before),
             task=REWARD_GOAL if after.pos in self.layout.goals else 0.0,
             cost=REWARD_STEP * steps_charged,
         )
@@ -168,13 +187,20 @@ def _search(layout: Layout, pos: Pos, collected: frozenset[Pos], budget: int | N
     return found
 
 
+@functools.lru_cache(maxsize=65536)
+def remaining_path_length(layout: Layout, pos: Pos, collected: frozenset[Pos]) -> int | None:
+    """Fewest steps from `pos` that collect every resource not in `collected` and then reach a goal
+    (None: impossible; 0 on a goal with nothing left)."""
+    full = (1 << len(layout.resources)) - 1
+    found = _search(layout, pos, collected, None)
+    lengths = [d for (p, mask), (d, _) in found.items() if p in layout.goals and mask == full]
+    return min(lengths, default=None)
+
+
 def shortest_path_length(layout: Layout | tuple[str, ...]) -> int | None:
     """Fewest steps from S that collect every resource and then reach a goal (None: impossible)."""
     layout = layout if isinstance(layout, Layout) else Layout(tuple(layout))
-    full = (1 << len(layout.resources)) - 1
-    found = _search(layout, layout.start, frozenset(), None)
-    lengths = [d for (p, mask), (d, _) in found.items() if p in layout.goals and mask == full]
-    return min(lengths, default=None)
+    return remaining_path_length(layout, layout.start, frozenset())
 
 
 def plan(layout: Layout, state: GridState, max_steps: int) -> tuple[float, int | None]:
@@ -205,7 +231,8 @@ class GridWorldEnv(TextEnv):
     action_names = list(ACTIONS)
 
     def __init__(self, layout: tuple[str, ...] | list[str] | None = None, max_steps: int = MAX_STEPS,
-                 invalid_action_rule: str = "penalty", render_mode: str | None = None, observation: str = "grid") -> None:
+                 invalid_action_rule: str = "penalty", render_mode: str | None = None, observation: str = "grid",
+                 shaping: float = 0.0) -> None:
         super().__init__()
         if invalid_action_rule not in ("penalty", "end"):
             raise ValueError(f"invalid_action_rule must be 'penalty' or 'end', got {invalid_action_rule!r}")
@@ -215,9 +242,12 @@ class GridWorldEnv(TextEnv):
             raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
         self.fixed_layout = Layout(tuple(layout or SEED003_LAYOUT))  # what `_choose_layout` returns
         self.max_steps, self.invalid_action_rule, self.render_mode = max_steps, invalid_action_rule, render_mode
-        self.observation = observation
-        if observation != "grid":  # what the agent reads is part of the environment's version (seed 001)
-            self.env_version = f"{type(self).env_version}-{observation}"
+        if not shaping >= 0.0:
+            raise ValueError(f"shaping must be a weight >= 0, got {shaping!r}")
+        self.observation, self.shaping = observation, float(shaping)
+        # What the agent reads and how it is rewarded are part of the environment's version (seed 001).
+        self.env_version = type(self).env_version + (f"-{observation}" if observation != "grid" else "") + \
+            (f"-shaped{self.shaping:g}" if self.shaping else "")
         self._layout: Layout | None = None
         self._initial: GridState | None = None
         self._state: GridState | None = None
@@ -249,6 +279,9 @@ class GridWorldEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._layout = self._choose_layout(seed)
+        if self.shaping and remaining_path_length(self._layout, self._layout.start, frozenset()) is None:
+            raise ValueError("shaping needs a layout whose resources and a goal can all be reached; "
+                             f"this one cannot:\n{self._layout.text}")
         self._initial = self._state = GridState(pos=self._layout.start)
         return self._observation(None), {"env_version": self.env_version, "task_id": self.task_id}
 
@@ -277,7 +310,7 @@ class GridWorldEnv(TextEnv):
         if termination is None and after.steps >= self.max_steps:
             termination = "truncated"
         self._state = after = replace(after, termination=termination)
-        components = GridWorldVerifier(layout, self.max_steps).score(before, index, after)
+        components = GridWorldVerifier(layout, self.max_steps, self.shaping).score(before, index, after)
         info: dict[str, Any] = {"env_version": self.env_version, "task_id": self.task_id,
                                 "invalid_actions": after.invalid_actions, "action_valid": index is not None,
                                 "action_index": index, "reward_components": components}
@@ -390,9 +423,9 @@ class ProceduralGridWorldEnv(GridWorldEnv):
 
     def __init__(self, split: str = "train", rows: int = 4, cols: int = 8, n_resources: int = 2,
                  max_steps: int = MAX_STEPS, invalid_action_rule: str = "penalty",
-                 render_mode: str | None = None, observation: str = "grid") -> None:
+                 render_mode: str | None = None, observation: str = "grid", shaping: float = 0.0) -> None:
         super().__init__(max_steps=max_steps, invalid_action_rule=invalid_action_rule, render_mode=render_mode,
-                         observation=observation)
+                         observation=observation, shaping=shaping)
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         self.split, self.rows, self.cols, self.n_resources = split, rows, cols, n_resources

@@ -18,6 +18,7 @@ from envs.gridworld import (
     ProceduralGridWorldEnv,
     layout_split,
     procedural_layout,
+    remaining_path_length,
     shortest_path_length,
 )
 
@@ -448,3 +449,67 @@ def test_relative_observation_alone_suffices_for_a_simple_policy():
                 successes += info["termination"] == "success"
                 break
     assert successes >= 35, successes  # 41 of 50 measured
+
+
+# ---- potential-based reward shaping (seed 003 §3.2) ----
+
+def test_shaping_pays_w_per_step_along_a_shortest_path_and_minus_w_away_on_the_seed_layout():
+    env, w = envs.make("gridworld-shaped"), 0.2
+    _, info = env.reset(seed=0)
+    assert info["env_version"] == "gridworld-1.0-shaped0.2" and env.optimal_steps() == 11
+    # S at row 2, col 0; left is the edge (blocked: no shaping), right leads away from every shortest path
+    expected = {"left": 0.0, "right": -w}
+    for action, shaping in expected.items():
+        probe = envs.make("gridworld-shaped")
+        probe.reset(seed=0)
+        _, reward, *_, step_info = probe.step(action)
+        assert step_info["reward_components"]["progress"] == pytest.approx(shaping)
+        assert reward == pytest.approx(shaping - 0.05)
+    _, _, *_, step_info = env.step("nonsense")  # an invalid action leaves the potential as it was
+    assert step_info["reward_components"]["progress"] == 0.0
+    total, progress = 0.0, []
+    while True:
+        _, reward, terminated, truncated, step_info = env.step(env.optimal_action())
+        total += reward
+        progress.append(step_info["reward_components"]["progress"])
+        if terminated or truncated:
+            break
+    # every step of a shortest path is worth +w on top of the two resources (+1 each); success ends at Φ = 0
+    assert step_info["termination"] == "success" and len(progress) == 11
+    assert sorted(progress) == pytest.approx([w] * 9 + [1 + w] * 2)
+    unshaped_after_the_invalid_step = 2 * 1.0 + 3.0 - 0.05 * 11
+    assert total == pytest.approx(unshaped_after_the_invalid_step + 11 * w)
+
+
+def test_shaping_adds_exactly_the_potential_difference_and_never_lets_a_failure_beat_a_success():
+    """Step for step against the unshaped env: same text, ends and info; the shaped return is the unshaped one plus
+    Φ(s_T) - Φ(s_0), with Φ(s_T) = 0 after success and -w * (steps still lacking) otherwise."""
+    rng, w = random.Random(1), 0.2
+    for seed in range(15):
+        returns = {True: [], False: []}  # success -> shaped returns on this layout
+        for episode in range(6):
+            plain, shaped = envs.make("gridworld-procedural-relative"), envs.make("gridworld-procedural-relative-shaped")
+            plain.reset(seed=seed)
+            obs, _ = shaped.reset(seed=seed)
+            start_steps = shaped.optimal_steps()
+            plain_return = shaped_return = 0.0
+            for _ in range(20):
+                # mostly the optimal move, so that both successes and failures occur
+                action = shaped.optimal_action() if rng.random() < 0.8 - 0.1 * episode else rng.choice(["up", "down", "x"])
+                a, b = plain.step(action), shaped.step(action)
+                assert a[0] == b[0] and a[2:4] == b[2:4]
+                assert {k: v for k, v in a[4]["reward_components"].items() if k != "progress"} == \
+                    {k: v for k, v in b[4]["reward_components"].items() if k != "progress"}
+                plain_return, shaped_return = plain_return + a[1], shaped_return + b[1]
+                if b[2] or b[3]:
+                    break
+            state = shaped._state
+            final = 0.0 if state.termination == "success" else -w * remaining_path_length(shaped._layout, state.pos, state.collected)
+            assert shaped_return == pytest.approx(plain_return + final + w * start_steps)
+            returns[state.termination == "success"].append(shaped_return)
+        if returns[True] and returns[False]:
+            assert min(returns[True]) > max(returns[False])
+    with pytest.raises(ValueError, match="shaping must be a weight"):
+        envs.make("gridworld", shaping=-1.0)
+    with pytest.raises(ValueError, match="shaping needs a layout"):
+        envs.make("gridworld", layout=["SW.", "WWG"], shaping=0.2).reset()
