@@ -45,7 +45,8 @@ Potential-based reward shaping (seed 003 §3.2; Ng, Harada & Russell 1999), off 
 `shaping=w > 0` (ids `gridworld-shaped`, `gridworld-procedural-relative-shaped`, ...: w = SHAPING_WEIGHT) every
 step adds F = Φ(s') - Φ(s) to the `progress` component, where Φ(s) = -w * (fewest steps from s that collect
 every resource left and then reach a goal) and Φ = 0 once the episode succeeds. Moving along a shortest path
-earns +w, moving away -w, a blocked or invalid move 0. The discount is 1, as GRPO's returns are undiscounted.
+earns +w, moving away -w, a blocked or invalid move 0. The discount is 1, as GRPO's returns are undiscounted
+(under PPO's gamma = 0.99 the sum no longer telescopes exactly; the per-step signal is the same).
 Over an episode F telescopes to Φ(s_T) - Φ(s_0): -Φ(s_0) is the same for every episode on a layout (a group's
 advantage cancels it), so what shaping adds to a return is Φ(s_T), zero after success and -w * (steps still
 lacking) when the step limit (or, under rule "end", an invalid action) ends the episode: partial credit for
