@@ -121,8 +121,8 @@ class Args:
     weights are gathered whole for rollouts (see docs, "FSDP")"""
     update_epochs: int = 2
     """optimisation epochs over each batch (1: on-policy, ratio = 1, as DeepSeekMath; >1 reuses the batch under the clip)"""
-    micro_batch_size: int = 4
-    """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
+    micro_batch_size: int = 1
+    """episodes per forward/backward (gradient accumulation: the update is the same; 1 pads nothing, see docs item 13)"""
     malloc_mmap_threshold_kib: int = 0
     """glibc only: blocks above this many KiB are mmap-ed and returned to the OS when freed; 1024 cuts the peak RSS
     up to 3x for full fine-tunes, for <= ~20% more time (0: glibc's own threshold, which grows to 32 MiB)"""

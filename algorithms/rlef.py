@@ -129,8 +129,8 @@ class Args:
     fsdp: bool = False
     """torchrun: shard the decoder layers' weights, gradients and AdamW state over the ranks (PyTorch FSDP2); the
     weights are gathered whole for rollouts and evaluation (as in grpo_agent.py; see docs/rlef.md)"""
-    micro_batch_size: int = 4
-    """episodes per forward/backward (gradient accumulation; memory only, the update is the same)"""
+    micro_batch_size: int = 1
+    """episodes per forward/backward (gradient accumulation: the update is the same; 1 pads nothing, see docs item 5)"""
     clip_eps: float = 0.2
     """ratio clip: [1 - eps, 1 + eps]"""
     adv_eps: float = 1e-4

@@ -7,9 +7,10 @@
 
 Each row runs `algorithms/grpo_agent.py` for one iteration of one group of 4 GridWorld episodes (choice mode,
 seed 1, no evaluation, zero-variance filtering off so the update always runs: rollout, reference log-probs when
-beta > 0, `--update-epochs` (default 2) forward/backward passes over micro-batches of `--micro-batch-size`
-(default 4) episodes, AdamW steps) and records the child's peak resident set size (`os.wait4` ru_maxrss, the same
-number `/usr/bin/time -v` prints as "Maximum resident set size") and its wall-clock seconds. Rows are appended to a
+beta > 0, `--update-epochs` (default 2) forward/backward passes over micro-batches of 4 episodes
+(`--micro-batch-size 4` unless a config sets it), AdamW steps) and records the child's peak resident set size
+(`os.wait4` ru_maxrss, the same number `/usr/bin/time -v` prints as "Maximum resident set size") and its wall-clock
+seconds. Rows are appended to a
 JSONL file next to `--output` and the markdown table is rebuilt from all rows there, so a "before" run and an
 "after" run made separately end up in one table. `--thresholds` sets grpo_agent's `--malloc-mmap-threshold-kib`
 (0: glibc's dynamic default, i.e. the behaviour before that flag existed).
@@ -58,6 +59,8 @@ CONFIGS = {
 RANKS = {"full-gc-ddp2": 2, "full-gc-fsdp2": 2}
 KEEP = "<!-- kept by benchmarks/memory.py -->"
 COMMON = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "0", "--no-filter-zero-variance", "--seed", "1"]
+# the rows were measured at micro-batch 4, grpo_agent.py's default until session 32 (now 1); a config may override it
+MICRO_BATCH = ["--micro-batch-size", "4"]
 
 
 def parse_args(argv=None):
@@ -152,7 +155,9 @@ def main(argv=None):
     for config in args.configs:
         for threshold in args.thresholds:
             with tempfile.TemporaryDirectory() as out:
-                flags = ["--model", args.model, *COMMON, *CONFIGS[config][1], "--malloc-mmap-threshold-kib", str(threshold)]
+                extra = CONFIGS[config][1]
+                flags = ["--model", args.model, *COMMON, *([] if "--micro-batch-size" in extra else MICRO_BATCH), *extra,
+                         "--malloc-mmap-threshold-kib", str(threshold)]
                 launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS[config]),
                           "--master_port", str(29700 + threshold % 97)] if config in RANKS else [sys.executable]
                 code, peak, seconds, log = _spawn([*launch, SCRIPT, *flags, "--output-dir", out], env, args.timeout)

@@ -22,8 +22,11 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
 fi
 mkdir -p "$OUT"
 timed() { local t0=$SECONDS; "$@"; echo "$((SECONDS - t0)) s: $*" | tee -a "$OUT/wall_clock.txt"; }
+# The runs below were published with --micro-batch-size 4, the default until session 32 (now 1: MICROBATCH below). The
+# update is the same at any micro-batch size up to float summation order; the flag keeps their numbers reproducible.
+MB4=(--micro-batch-size 4)
 
-OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 2 --group-size 4 --resample-budget 0 \
+OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 2 --group-size 4 --resample-budget 0 \
     --max-turn-tokens 128 --eval-tasks 4 --eval-samples 2 --eval-k 2 --humaneval-tasks 0 --output-dir "$OUT"
 
 python benchmarks/plot.py "$OUT" --tags eval/pass@1 eval/pass@k eval/mean_reward charts/pass_fraction \
@@ -32,7 +35,7 @@ python benchmarks/plot.py "$OUT" --tags eval/pass@1 eval/pass@k eval/mean_reward
 
 # the longer run (RUN_LONG=1 bash benchmarks/rlef.sh): 30 iterations, held-out evaluation every 10
 if [ -n "${RUN_LONG:-}" ]; then
-  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 30 --group-size 4 --resample-budget 0 \
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 30 --group-size 4 --resample-budget 0 \
       --max-turn-tokens 128 --eval-tasks 4 --eval-samples 2 --eval-k 2 --humaneval-tasks 0 --eval-every 10 \
       --output-dir "$OUT/long"
 fi
@@ -43,7 +46,7 @@ fi
 # pass@1 0.000 -> 0.016, pass@2 0.000 -> 0.031, mean pass fraction 0.002 -> 0.042; held-out pass@1 0.000 -> 0.000,
 # mean pass fraction 0.008 -> 0.070; 89.8 s per iteration (decode 90%), load 2-4.
 if [ -n "${RUN_HUMANEVAL:-}" ]; then
-  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 30 --group-size 4 --resample-budget 0 \
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 30 --group-size 4 --resample-budget 0 \
       --max-turn-tokens 128 --eval-tasks 8 --eval-samples 2 --eval-k 2 --humaneval-tasks 32 --eval-every 15 \
       --output-dir "$OUT/humaneval"
 fi
@@ -52,7 +55,7 @@ fi
 # bf16 flags (docs/rlef.md item 13), held-out evaluation on 16 level-1 test tasks x 4 samples at iterations 0/30/60
 # (published: benchmarks/results/rlef_codegen.md, "60 iterations with the bf16 flags")
 if [ -n "${RUN_BF16_LONG:-}" ]; then
-  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 60 --group-size 4 --resample-budget 0 \
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 60 --group-size 4 --resample-budget 0 \
       --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 0 --eval-every 30 \
       --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 10 --output-dir "$OUT/bf16_long"
 fi
@@ -62,11 +65,11 @@ fi
 # as well at iterations 0/30/60 (iteration 0 is after the cold start; RUN_BF16_LONG's iteration 0 is the held-out score
 # before it). Published: benchmarks/results/rlef_codegen.md, "Cold start, then 60 iterations".
 if [ -n "${RUN_SFT:-}" ]; then
-  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 60 --group-size 4 --resample-budget 0 \
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 60 --group-size 4 --resample-budget 0 \
       --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 32 --eval-every 30 \
       --sft-steps 40 --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 10 --output-dir "$OUT/sft"
   # HumanEval before any training at the same evaluation settings: this run's iteration-0 evaluation (no cold start)
-  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 1 --group-size 4 --resample-budget 0 \
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 1 --group-size 4 --resample-budget 0 \
       --max-turn-tokens 128 --eval-tasks 0 --eval-samples 4 --eval-k 4 --humaneval-tasks 32 \
       --rollout-dtype bfloat16 --update-dtype bfloat16 --output-dir "$OUT/humaneval_base"
 fi
@@ -81,8 +84,9 @@ if [ -n "${RUN_LEVEL2:-}" ]; then
   rm -rf "$OUT/level2" && mkdir -p "$OUT/level2" && cp -r "$SFT_RUN" "$OUT/level2/rl"
   OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --resume "$OUT/level2/rl" --eval-level 2 --humaneval-tasks 0
   for sft in 0 40; do
-    OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 1 --group-size 4 --resample-budget 0 \
-        --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 0 --eval-level 2 \
+    OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 1 --group-size 4 \
+        --resample-budget 0 --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 0 \
+        --eval-level 2 \
         --sft-steps $sft --rollout-dtype bfloat16 --update-dtype bfloat16 --output-dir "$OUT/level2/sft$sft"
   done
 fi
@@ -91,8 +95,20 @@ fi
 # (benchmarks/results/rlef_codegen.md, "80 iterations at level 1 only"): held-out pass@1 0.094 -> 0.047 -> 0.094 and
 # HumanEval pass@1 0.062 -> 0.047 -> 0.062 at iterations 0 / 40 / 80; 8.9 s per iteration (decode 82%).
 if [ -n "${RUN_LEVEL1:-}" ]; then
-  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py --total-iterations 80 --group-size 4 --resample-budget 2 \
+  OMP_NUM_THREADS=2 timed python -u algorithms/rlef.py "${MB4[@]}" --total-iterations 80 --group-size 4 --resample-budget 2 \
       --no-curriculum --max-turn-tokens 128 --eval-tasks 16 --eval-samples 4 --eval-k 4 --humaneval-tasks 32 \
       --eval-every 40 --sft-steps 40 --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 10 \
       --output-dir "$OUT/level1"
+fi
+
+# Why the default micro-batch is 1 (MICROBATCH=1): defaults (8 episodes), 2 iterations, every group kept so every
+# iteration updates, at --micro-batch-size 4 then 1, then again in the other order, alone on the 2-core CPU. Published
+# (docs/rlef.md item 5, session 32): update 7.8 / 8.4 / 8.9 / 8.2 s at 4 against 7.0 / 5.8 / 6.7 / 5.4 s at 1, peak RSS
+# 2.89 / 2.89 GB against 2.76 / 2.87 GB, identical logged losses.
+if [ -n "${MICROBATCH:-}" ]; then
+  for mb in 4 1 1 4; do
+    OMP_NUM_THREADS=2 /usr/bin/time -v python algorithms/rlef.py --total-iterations 2 --eval-tasks 0 \
+        --no-filter-zero-variance --micro-batch-size "$mb" --exp-name "mb$mb" --output-dir "$OUT/microbatch" 2>&1 \
+        | grep -E "^iter|Maximum resident"
+  done
 fi

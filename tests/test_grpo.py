@@ -243,7 +243,8 @@ def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", [str(ROOT / "algorithms" / "grpo_agent.py"), "--output-dir", str(tmp_path),
                                       "--model", "tiny", "--env-id", "babyai-gotoredball", "--trainable-layers", "1",
                                       "--total-iterations", "2", "--group-size", "2", "--eval-every", "0",
-                                      "--max-total-tokens", "1400", "--sil-coef", "1.0", "--no-filter-zero-variance"])
+                                      "--max-total-tokens", "1400", "--sil-coef", "1.0", "--no-filter-zero-variance",
+                                      "--micro-batch-size", "4"])
     runpy.run_path(str(ROOT / "algorithms" / "grpo_agent.py"), run_name="__main__")
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     scalars = read_scalars(run_dir)
