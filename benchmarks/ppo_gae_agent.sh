@@ -248,5 +248,19 @@ if [ -n "${PROCEDURAL_SHAPED_ENT:-}" ]; then
   python benchmarks/zero_shot.py --table "$OUT/proc_rel_shaped_ent05/test.jsonl"
 fi
 
+if [ -n "${PROCEDURAL_SHAPED_ENT_LONG:-}" ]; then
+  # 11. Part 10's runs of seeds 2 and 1 continued to 100 iterations (800 episodes): `--resume` (no learning-rate
+  #     schedule, so this trains as one 100-iteration run would), then greedy on the unshaped id's test split. Needs
+  #     part 10's run directories (PROCEDURAL_SHAPED_ENT=1 PROCEDURAL_SHAPED_ENT_LONG=1 bash ...). Published in
+  #     benchmarks/results/grpo_agent_procedural.md ("Twice the training").
+  for seed in 2 1; do
+    RUN=$(ls -d "$OUT"/proc_rel_shaped_ent05/gridworld-procedural-relative-shaped__proc_rel_shaped_ent05__${seed}__* | tail -1)
+    timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations 100
+    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+        --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_shaped_ent05/test_100.jsonl"
+  done
+  python benchmarks/zero_shot.py --table "$OUT/proc_rel_shaped_ent05/test_100.jsonl"
+fi
+
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
     diagnostics/explained_variance perf/rollout_s perf/update_s --x-axes episodes wall --output "$OUT/results"
