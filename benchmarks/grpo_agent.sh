@@ -12,6 +12,8 @@
 # Machine: 2-core x86_64 CPU. Idle: 11 min (25.8 s per iteration; that run added `--eval-episodes 4 --exp-name B`,
 # which changes only the evaluation time: greedy evaluation on the fixed layout is deterministic). The plain command
 # below, with other jobs on the cores: 25.1 min, identical numbers. Zero-shot: 280 s (choice) + 551 s (free).
+# With the default micro-batch of 1 (commit 53f0604, idle): identical numbers, 27.6 s per iteration, 12.8 min, peak
+# RSS 2.42 GB (benchmarks/results/grpo_agent_gridworld.md, "Main job").
 #   bash benchmarks/grpo_agent.sh            # runs under benchmarks/runs/grpo_agent (OUT=... to change)
 #   SEEDS="1 2 3" bash benchmarks/grpo_agent.sh   # also the default run over these seeds via benchmarks/run.py
 #                                                 # (seeds 1-3: benchmarks/results/grpo_agent_seeds.md)
