@@ -10,9 +10,8 @@ seed 1, no evaluation, zero-variance filtering off so the update always runs: ro
 beta > 0, `--update-epochs` (default 2) forward/backward passes over micro-batches of 4 episodes
 (`--micro-batch-size 4` unless a config sets it), AdamW steps) and records the child's peak resident set size
 (`os.wait4` ru_maxrss, the same number `/usr/bin/time -v` prints as "Maximum resident set size") and its wall-clock
-seconds. Rows are appended to a
-JSONL file next to `--output` and the markdown table is rebuilt from all rows there, so a "before" run and an
-"after" run made separately end up in one table. `--thresholds` sets grpo_agent's `--malloc-mmap-threshold-kib`
+seconds. Rows are appended to a JSONL file next to `--output` and the markdown table is rebuilt from all rows there,
+so a "before" run and an "after" run made separately end up in one table. `--thresholds` sets grpo_agent's `--malloc-mmap-threshold-kib`
 (0: glibc's dynamic default, i.e. the behaviour before that flag existed).
 
 How long it takes (shared 2-core CPU, OMP_NUM_THREADS=1): 1-5 min per row with smollm2-135m (gradient
