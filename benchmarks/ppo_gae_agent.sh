@@ -262,5 +262,22 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_LONG:-}" ]; then
   python benchmarks/zero_shot.py --table "$OUT/proc_rel_shaped_ent05/test_100.jsonl"
 fi
 
+if [ -n "${PROCEDURAL_SHAPED_BLOCKED:-}" ]; then
+  # 12. Part 9 on gridworld-procedural-relative-shaped-blocked: the same shaping, and a move that a wall or the edge
+  #     blocks costs -0.2 more (as much as a step away; part 9's greedy failures were mostly the same blocked move
+  #     repeated). 50 iterations, seeds 1, 2, 3 in that order, each evaluated greedily on the unshaped id's test split.
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("A blocked move costs as much as a step away").
+  for seed in 1 2 3; do
+    timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped-blocked --learning-rate 1e-4 \
+        --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 5 \
+        --save-model --eval-every 10 --seed "$seed" --exp-name proc_rel_blocked --output-dir "$OUT/proc_rel_blocked"
+    RUN=$(ls -d "$OUT"/proc_rel_blocked/gridworld-procedural-relative-shaped-blocked__proc_rel_blocked__${seed}__* | tail -1)
+    python benchmarks/summarize_run.py "$RUN" --every 80
+    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+        --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_blocked/test.jsonl"
+  done
+  python benchmarks/zero_shot.py --table "$OUT/proc_rel_blocked/test.jsonl"
+fi
+
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
     diagnostics/explained_variance perf/rollout_s perf/update_s --x-axes episodes wall --output "$OUT/results"

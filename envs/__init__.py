@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from envs.base import TERMINATIONS, TextEnv
 from envs.external import BABYAI_LEVELS
-from envs.gridworld import SHAPING_WEIGHT
+from envs.gridworld import BLOCKED_PENALTY, SHAPING_WEIGHT
 
 __all__ = ["TERMINATIONS", "TextEnv", "make", "register", "registered_ids"]
 
@@ -70,6 +70,9 @@ for _name in ("gridworld", "gridworld-procedural"):  # variants of envs/gridworl
     # potential-based reward shaping (seed 003 §3.2), with either encoder
     _REGISTRY[f"{_name}-shaped"] = _with_defaults(_REGISTRY[_name], shaping=SHAPING_WEIGHT)
     _REGISTRY[f"{_name}-relative-shaped"] = _with_defaults(_REGISTRY[_name], observation="relative", shaping=SHAPING_WEIGHT)
+    # ... and a blocked move costs as much as a step away (envs/gridworld.py: why greedy policies bump into walls)
+    _REGISTRY[f"{_name}-relative-shaped-blocked"] = _with_defaults(_REGISTRY[_name], observation="relative",
+                                                                   shaping=SHAPING_WEIGHT, blocked_penalty=BLOCKED_PENALTY)
 for _level in BABYAI_LEVELS:  # babyai-gotolocal, babyai-pickuploc, ... (minigrid is imported on first make)
     _REGISTRY[f"babyai-{_level.lower()}"] = _with_defaults("envs.external:BabyAITextEnv", level=_level)
 

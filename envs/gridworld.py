@@ -52,6 +52,15 @@ advantage cancels it), so what shaping adds to a return is Φ(s_T), zero after s
 lacking) when the step limit (or, under rule "end", an invalid action) ends the episode: partial credit for
 ending closer. With two resources (the seed layout, the procedural default) a success still beats every other
 ending, shaped or not (at least 3 - 20 * 0.05 = 2 against at most 2 - 1 - w), so shaping reorders failures only.
+
+A blocked-move penalty, off by default: `blocked_penalty=p > 0` (ids `gridworld-relative-shaped-blocked`,
+`gridworld-procedural-relative-shaped-blocked`: shaping w and p = BLOCKED_PENALTY = w) adds -p to `cost` for every move
+a wall or the edge blocks. Under the potential alone a blocked move costs only the step (-0.05) while a step away
+from the goal costs -w - 0.05, so a policy unsure of the way around a wall is paid to bump into it, and a greedy
+policy that does so sees the same text again and repeats itself to the step limit (benchmarks/results/
+grpo_agent_procedural.md). With p = w a wasted step costs what a step away does. This term is not potential-based,
+but an optimal policy never makes a blocked move (it only spends a step), so the optimal policies are unchanged; a
+success with fewer than 16 blocked moves still out-returns every failure (4 - 0.2 k against at most 0.8).
 """
 
 from __future__ import annotations
@@ -72,6 +81,7 @@ REWARD_STEP = -0.05
 REWARD_INVALID = -0.1
 MAX_STEPS = 20
 SHAPING_WEIGHT = 0.2  # w of the "-shaped" ids: a step closer nets +0.15 after the step cost, a step away -0.25
+BLOCKED_PENALTY = SHAPING_WEIGHT  # p of the "-shaped-blocked" ids: a blocked move nets -0.25, as a step away does
 
 SEED003_LAYOUT = ("..R....G", ".WW.....", "S...R...", "..W...G.")
 ACTIONS = ("up", "down", "left", "right")
@@ -139,8 +149,8 @@ class GridState:
 class GridWorldVerifier:
     """Scores one transition from the states the dynamics produced; no agent text reaches it."""
 
-    def __init__(self, layout: Layout, max_steps: int, shaping: float = 0.0) -> None:
-        self.layout, self.max_steps, self.shaping = layout, max_steps, shaping
+    def __init__(self, layout: Layout, max_steps: int, shaping: float = 0.0, blocked_penalty: float = 0.0) -> None:
+        self.layout, self.max_steps, self.shaping, self.blocked_penalty = layout, max_steps, shaping, blocked_penalty
 
     def potential(self, state: GridState) -> float:
         """Φ(s) = -w * steps still needed (module docstring); 0 after success."""
@@ -152,12 +162,13 @@ class GridWorldVerifier:
         steps_charged = 1
         if after.termination == "invalid_action":
             steps_charged = self.max_steps - before.steps  # the whole budget the episode forfeits
+        blocked = action is not None and self.layout.move(before.pos, action)[1] is not None
         return reward_components(
             format=REWARD_INVALID if action is None else 0.0,
             progress=REWARD_RESOURCE * (len(after.collected) - len(before.collected))
             + self.potential(after) - self.potential(before),
             task=REWARD_GOAL if after.pos in self.layout.goals else 0.0,
-            cost=REWARD_STEP * steps_charged,
+            cost=REWARD_STEP * steps_charged - (self.blocked_penalty if blocked else 0.0),
         )
 
 
@@ -233,7 +244,7 @@ class GridWorldEnv(TextEnv):
 
     def __init__(self, layout: tuple[str, ...] | list[str] | None = None, max_steps: int = MAX_STEPS,
                  invalid_action_rule: str = "penalty", render_mode: str | None = None, observation: str = "grid",
-                 shaping: float = 0.0) -> None:
+                 shaping: float = 0.0, blocked_penalty: float = 0.0) -> None:
         super().__init__()
         if invalid_action_rule not in ("penalty", "end"):
             raise ValueError(f"invalid_action_rule must be 'penalty' or 'end', got {invalid_action_rule!r}")
@@ -245,10 +256,13 @@ class GridWorldEnv(TextEnv):
         self.max_steps, self.invalid_action_rule, self.render_mode = max_steps, invalid_action_rule, render_mode
         if not shaping >= 0.0:
             raise ValueError(f"shaping must be a weight >= 0, got {shaping!r}")
-        self.observation, self.shaping = observation, float(shaping)
+        if not blocked_penalty >= 0.0:
+            raise ValueError(f"blocked_penalty must be >= 0, got {blocked_penalty!r}")
+        self.observation, self.shaping, self.blocked_penalty = observation, float(shaping), float(blocked_penalty)
         # What the agent reads and how it is rewarded are part of the environment's version (seed 001).
         self.env_version = type(self).env_version + (f"-{observation}" if observation != "grid" else "") + \
-            (f"-shaped{self.shaping:g}" if self.shaping else "")
+            (f"-shaped{self.shaping:g}" if self.shaping else "") + \
+            (f"-blocked{self.blocked_penalty:g}" if self.blocked_penalty else "")
         self._layout: Layout | None = None
         self._initial: GridState | None = None
         self._state: GridState | None = None
@@ -311,7 +325,8 @@ class GridWorldEnv(TextEnv):
         if termination is None and after.steps >= self.max_steps:
             termination = "truncated"
         self._state = after = replace(after, termination=termination)
-        components = GridWorldVerifier(layout, self.max_steps, self.shaping).score(before, index, after)
+        verifier = GridWorldVerifier(layout, self.max_steps, self.shaping, self.blocked_penalty)
+        components = verifier.score(before, index, after)
         info: dict[str, Any] = {"env_version": self.env_version, "task_id": self.task_id,
                                 "invalid_actions": after.invalid_actions, "action_valid": index is not None,
                                 "action_index": index, "reward_components": components}
@@ -424,9 +439,10 @@ class ProceduralGridWorldEnv(GridWorldEnv):
 
     def __init__(self, split: str = "train", rows: int = 4, cols: int = 8, n_resources: int = 2,
                  max_steps: int = MAX_STEPS, invalid_action_rule: str = "penalty",
-                 render_mode: str | None = None, observation: str = "grid", shaping: float = 0.0) -> None:
+                 render_mode: str | None = None, observation: str = "grid", shaping: float = 0.0,
+                 blocked_penalty: float = 0.0) -> None:
         super().__init__(max_steps=max_steps, invalid_action_rule=invalid_action_rule, render_mode=render_mode,
-                         observation=observation, shaping=shaping)
+                         observation=observation, shaping=shaping, blocked_penalty=blocked_penalty)
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         self.split, self.rows, self.cols, self.n_resources = split, rows, cols, n_resources

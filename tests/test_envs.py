@@ -513,3 +513,34 @@ def test_shaping_adds_exactly_the_potential_difference_and_never_lets_a_failure_
         envs.make("gridworld", shaping=-1.0)
     with pytest.raises(ValueError, match="shaping needs a layout"):
         envs.make("gridworld", layout=["SW.", "WWG"], shaping=0.2).reset()
+
+
+def test_blocked_penalty_charges_exactly_the_blocked_moves_and_nothing_else():
+    """`-shaped-blocked` against `-shaped`, step for step: same text, ends, shaping and task reward; `cost` differs by
+    -p on exactly the moves whose feedback says "Blocked", so a blocked move costs as much as a step away."""
+    rng, p = random.Random(2), 0.2
+    _, info = envs.make("gridworld-procedural-relative-shaped-blocked").reset(seed=0)
+    assert info["env_version"] == "gridworld-procedural-1.0-relative-shaped0.2-blocked0.2"
+    blocked_seen = unblocked_seen = 0
+    for seed in range(8):
+        shaped = envs.make("gridworld-procedural-relative-shaped")
+        penalised = envs.make("gridworld-procedural-relative-shaped-blocked")
+        shaped.reset(seed=seed)
+        penalised.reset(seed=seed)
+        for _ in range(20):
+            action = rng.choice(["up", "down", "left", "right", "x"])
+            a, b = shaped.step(action), penalised.step(action)
+            assert a[0] == b[0] and a[2:4] == b[2:4]
+            ca, cb = a[4]["reward_components"], b[4]["reward_components"]
+            was_blocked = b[0].startswith("Blocked:")
+            blocked_seen, unblocked_seen = blocked_seen + was_blocked, unblocked_seen + (not was_blocked)
+            assert cb["cost"] == pytest.approx(ca["cost"] - (p if was_blocked else 0.0))
+            assert {k: v for k, v in ca.items() if k != "cost"} == {k: v for k, v in cb.items() if k != "cost"}
+            if b[2] or b[3]:
+                break
+    assert blocked_seen > 5 and unblocked_seen > 5  # both kinds of step were exercised
+    left_into_the_edge = envs.make("gridworld-relative-shaped-blocked")  # the seed layout: S is on the left edge
+    left_into_the_edge.reset(seed=0)
+    assert left_into_the_edge.step("left")[1] == pytest.approx(-0.05 - p)
+    with pytest.raises(ValueError, match="blocked_penalty must be >= 0"):
+        envs.make("gridworld", blocked_penalty=-0.1)
