@@ -265,7 +265,8 @@ fi
 if [ -n "${PROCEDURAL_SHAPED_BLOCKED:-}" ]; then
   # 12. Part 9 on gridworld-procedural-relative-shaped-blocked: the same shaping, and a move that a wall or the edge
   #     blocks costs -0.2 more (as much as a step away; part 9's greedy failures were mostly the same blocked move
-  #     repeated). 50 iterations, seeds 1, 2, 3 in that order, each evaluated greedily on the unshaped id's test split.
+  #     repeated). 50 iterations, seeds 1, 2, 3 in that order, each evaluated greedily on the unshaped id's test split,
+  #     its failures classified by benchmarks/gridworld_failures.py.
   #     Published in benchmarks/results/grpo_agent_procedural.md ("A blocked move costs as much as a step away").
   for seed in 1 2 3; do
     timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped-blocked --learning-rate 1e-4 \
@@ -274,9 +275,11 @@ if [ -n "${PROCEDURAL_SHAPED_BLOCKED:-}" ]; then
     RUN=$(ls -d "$OUT"/proc_rel_blocked/gridworld-procedural-relative-shaped-blocked__proc_rel_blocked__${seed}__* | tail -1)
     python benchmarks/summarize_run.py "$RUN" --every 80
     timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-        --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_blocked/test.jsonl"
+        --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_blocked/test.jsonl" \
+        --trajectories "$OUT/proc_rel_blocked/test_episodes_$seed.jsonl"
   done
   python benchmarks/zero_shot.py --table "$OUT/proc_rel_blocked/test.jsonl"
+  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_blocked/test_episodes_*.jsonl
 fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \

@@ -30,6 +30,7 @@ import tyro
 
 import envs
 from common.models import load_model, resolve_device
+from common.records import write_jsonl
 from common.rollout import RolloutConfig, RolloutEngine
 
 
@@ -59,6 +60,9 @@ class Args:
     """`cpu`, `cuda` or `auto`"""
     output: str = ""
     """append the result as a JSON line to this file (empty: print only)"""
+    trajectories: str = ""
+    """also write every episode's trajectory record to this JSONL file (common/records.py), to read the failures
+    (e.g. with benchmarks/gridworld_failures.py); empty: not kept"""
     table: str = ""
     """only print a markdown table of the results in this JSONL file (written by `--output`), then exit"""
 
@@ -132,6 +136,8 @@ if __name__ == "__main__":
     if args.table:
         print(markdown_table(args.table), end="")
         sys.exit(0)
+    if args.trajectories and args.model == "random":
+        raise SystemExit("--trajectories: `--model random` plays without the rollout engine and keeps no records")
     env_kwargs = json.loads(args.env_kwargs)
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
@@ -159,6 +165,8 @@ if __name__ == "__main__":
         returns, successes = [t.return_ for t in trajs], [t.success for t in trajs]
         steps, tokens = sum(t.num_steps for t in trajs), sum(len(t.token_ids) for t in trajs)
         invalid = sum(t.invalid_actions for t in trajs)
+        if args.trajectories:
+            write_jsonl(args.trajectories, trajs)
     result = {
         "env_id": args.env_id,
         "action_mode": args.action_mode,

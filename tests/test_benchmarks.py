@@ -376,6 +376,72 @@ def test_zero_shot_random_policy_is_the_uniform_reference(tmp_path):
     assert free.returncode != 0 and "has no action names" in free.stderr and "Traceback" not in free.stderr
 
 
+def _scripted_episode(env_id: str, actions: list[str]):
+    """A trajectory record of `actions` played on `env_id` (seed 0), with only what gridworld_failures.py reads."""
+    import envs
+    from common.records import Trajectory, Turn
+
+    env, turns, termination = envs.make(env_id), [], "truncated"
+    env.reset(seed=0)
+    for action in actions:
+        obs, reward, terminated, truncated, info = env.step(action)
+        turns.append(Turn(action_text=action, observation=obs, reward=reward, action_valid=info["action_valid"],
+                          num_action_tokens=1))
+        if terminated or truncated:
+            termination = info["termination"]
+            break
+    return Trajectory(token_ids=[], source_mask=[], behavior_logprobs=[], policy_version=0, turns=turns, rewards={},
+                      return_=0.0, termination=termination, env_version="", task_id="", seed=0)
+
+
+def test_gridworld_failures_tells_a_stuck_agent_from_an_oscillating_one_and_from_blocked_moves_in_different_places():
+    """On the seed-003 layout (S on the left edge, row 2): 5 x left is 5 blocked moves from one cell (stuck), 4 are
+    not (other); right/left x 3 is 5 reversals (oscillating); up, up and then up/right along the top row blocks 5 times but
+    from 5 different cells (other); the optimal path succeeds. Both encoders give the same classes."""
+    import envs
+    from benchmarks import gridworld_failures as gf
+    from envs.gridworld import ACTIONS
+
+    top_row = ["up", "up"] + ["up", "right"] * 5
+    for env_id in ("gridworld", "gridworld-relative"):
+        cases = {"stuck": ["left"] * 5 + ["right"] * 3, "other": ["left"] * 4 + ["right"] * 3,
+                 "oscillating": ["right", "left"] * 3}
+        for expected, actions in cases.items():
+            assert gf.classify(_scripted_episode(env_id, actions)) == expected, (env_id, expected)
+        along_the_top = _scripted_episode(env_id, top_row)
+        assert sum(t.observation.startswith("Blocked:") for t in along_the_top.turns) == 5
+        assert gf.classify(along_the_top) == "other"
+    env = envs.make("gridworld")
+    env.reset(seed=0)
+    optimal = []
+    while not optimal or not optimal[-1][1]:
+        action = ACTIONS[env.optimal_action()]
+        optimal.append((action, env.step(action)[2]))
+    success = _scripted_episode("gridworld", [a for a, _ in optimal])
+    assert gf.classify(success) == "success" and gf.blocked_share([success]) == 0.0
+    assert gf.blocked_share([_scripted_episode("gridworld", ["left"] * 4 + ["right"] * 3)]) == pytest.approx(4 / 7)
+
+
+def test_zero_shot_keeps_trajectories_that_gridworld_failures_reads(tmp_path):
+    """`--trajectories` writes one valid record per episode; gridworld_failures.py puts every episode in one class."""
+    root = Path(__file__).resolve().parents[1]
+    records = tmp_path / "greedy.jsonl"
+    cmd = [sys.executable, str(root / "benchmarks" / "zero_shot.py"), "--model", "tiny", "--env-id", "gridworld-relative",
+           "--episodes", "3", "--temperature", "0", "--trajectories", str(records)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=root)
+    assert len(records.read_text().splitlines()) == 3
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "gridworld_failures.py"), str(records)],
+                         check=True, capture_output=True, text=True, cwd=root).stdout
+    row = out.strip().splitlines()[-1].split(" | ")
+    assert row[1] == "3" and sum(int(cell) for cell in row[2:6]) == 3 and row[6].endswith("% of moves |")
+    no_lm = subprocess.run(cmd[:2] + ["--model", "random", "--trajectories", str(records)], capture_output=True,
+                           text=True, cwd=root)
+    assert no_lm.returncode != 0 and "keeps no records" in no_lm.stderr and "Traceback" not in no_lm.stderr
+    missing = subprocess.run([sys.executable, str(root / "benchmarks" / "gridworld_failures.py"), str(tmp_path / "no")],
+                             capture_output=True, text=True, cwd=root)
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+
+
 def test_decode_step_times_every_configuration_and_rejects_bad_flags(tmp_path):
     """decode_step.py times the engine's kernels, SDPA and the plain loop at each context length and writes both
     files."""
