@@ -9,7 +9,7 @@ Classes, checked in this order:
   into a wall reads the same text again, but for its step counter, and tends to repeat itself to the step limit.
 - `oscillating`: REPEATS or more moves that undo the move before them (up after down, left after right, ...).
 - `other`: neither, e.g. wandering, or a detour too long for the step limit.
-It also reports the share of all moves that were blocked. "The same place" is the observation after the move without
+It also reports the share of all moves that were blocked, and the move made most often (with its share). "The same place" is the observation after the move without
 its feedback line and its "Step k/N" status line: for both GridWorld encoders that text is fixed by the agent's
 position and the resources left, so two blocked moves with the same action and the same such text were made from the
 same cell.
@@ -64,12 +64,22 @@ def blocked_share(trajs: list[Trajectory]) -> float:
     return sum(turn.observation.startswith("Blocked:") for turn in turns) / max(len(turns), 1)
 
 
+def most_frequent_move(trajs: list[Trajectory]) -> str:
+    """The move made most often over all episodes, with its share: an untrained model's prior shows up here."""
+    moves = Counter(turn.action_text.strip().lower() for traj in trajs for turn in traj.turns)
+    if not moves:
+        return "none"
+    move, count = moves.most_common(1)[0]
+    return f"{move} ({count / sum(moves.values()):.0%})"
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args, description=__doc__)
     if not args.files:
         raise SystemExit("give at least one trajectory file (written by zero_shot.py --trajectories)")
-    print("| file | episodes | success | failures: stuck on a blocked move | oscillating | other | blocked moves |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| file | episodes | success | failures: stuck on a blocked move | oscillating | other | blocked moves | "
+          "most frequent move |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in args.files:
         try:
             trajs = read_jsonl(path)
@@ -77,4 +87,4 @@ if __name__ == "__main__":
             raise SystemExit(f"{path}: {error}")
         counts = Counter(classify(traj) for traj in trajs)
         print(f"| {path} | {len(trajs)} | {counts['success']} | {counts['stuck']} | {counts['oscillating']} | "
-              f"{counts['other']} | {blocked_share(trajs):.0%} of moves |")
+              f"{counts['other']} | {blocked_share(trajs):.0%} of moves | {most_frequent_move(trajs)} |")

@@ -257,9 +257,11 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_LONG:-}" ]; then
     RUN=$(ls -d "$OUT"/proc_rel_shaped_ent05/gridworld-procedural-relative-shaped__proc_rel_shaped_ent05__${seed}__* | tail -1)
     timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations 100
     timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-        --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_shaped_ent05/test_100.jsonl"
+        --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_shaped_ent05/test_100.jsonl" \
+        --trajectories "$OUT/proc_rel_shaped_ent05/test_100_episodes_$seed.jsonl"
   done
   python benchmarks/zero_shot.py --table "$OUT/proc_rel_shaped_ent05/test_100.jsonl"
+  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_shaped_ent05/test_100_episodes_{2,1}.jsonl  # session 33
 fi
 
 if [ -n "${PROCEDURAL_SHAPED_BLOCKED:-}" ]; then
@@ -279,7 +281,11 @@ if [ -n "${PROCEDURAL_SHAPED_BLOCKED:-}" ]; then
         --trajectories "$OUT/proc_rel_blocked/test_episodes_$seed.jsonl"
   done
   python benchmarks/zero_shot.py --table "$OUT/proc_rel_blocked/test.jsonl"
-  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_blocked/test_episodes_*.jsonl
+  timed python benchmarks/zero_shot.py --model smollm2-135m --env-id gridworld-procedural-relative \
+      --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_blocked/untrained.jsonl" \
+      --trajectories "$OUT/proc_rel_blocked/untrained_episodes.jsonl"
+  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_blocked/untrained_episodes.jsonl \
+      "$OUT"/proc_rel_blocked/test_episodes_{1,2,3}.jsonl
 fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \

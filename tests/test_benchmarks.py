@@ -420,6 +420,7 @@ def test_gridworld_failures_tells_a_stuck_agent_from_an_oscillating_one_and_from
     success = _scripted_episode("gridworld", [a for a, _ in optimal])
     assert gf.classify(success) == "success" and gf.blocked_share([success]) == 0.0
     assert gf.blocked_share([_scripted_episode("gridworld", ["left"] * 4 + ["right"] * 3)]) == pytest.approx(4 / 7)
+    assert gf.most_frequent_move([_scripted_episode("gridworld", ["left"] * 4 + ["right"] * 3)]) == "left (57%)"
 
 
 def test_zero_shot_keeps_trajectories_that_gridworld_failures_reads(tmp_path):
@@ -433,7 +434,8 @@ def test_zero_shot_keeps_trajectories_that_gridworld_failures_reads(tmp_path):
     out = subprocess.run([sys.executable, str(root / "benchmarks" / "gridworld_failures.py"), str(records)],
                          check=True, capture_output=True, text=True, cwd=root).stdout
     row = out.strip().splitlines()[-1].split(" | ")
-    assert row[1] == "3" and sum(int(cell) for cell in row[2:6]) == 3 and row[6].endswith("% of moves |")
+    assert row[1] == "3" and sum(int(cell) for cell in row[2:6]) == 3 and row[6].endswith("% of moves")
+    assert row[7].split(" (")[0] in ("up", "down", "left", "right") and row[7].endswith("%) |")
     no_lm = subprocess.run(cmd[:2] + ["--model", "random", "--trajectories", str(records)], capture_output=True,
                            text=True, cwd=root)
     assert no_lm.returncode != 0 and "keeps no records" in no_lm.stderr and "Traceback" not in no_lm.stderr
