@@ -9,10 +9,10 @@ Classes, checked in this order:
   into a wall reads the same text again, but for its step counter, and tends to repeat itself to the step limit.
 - `oscillating`: REPEATS or more moves that undo the move before them (up after down, left after right, ...).
 - `other`: neither, e.g. wandering, or a detour too long for the step limit.
-It also reports the share of all moves that were blocked, and the move made most often (with its share). "The same place" is the observation after the move without
-its feedback line and its "Step k/N" status line: for both GridWorld encoders that text is fixed by the agent's
-position and the resources left, so two blocked moves with the same action and the same such text were made from the
-same cell.
+It also reports the share of all moves that were blocked, and the move made most often (with its share). "The same
+place" is the observation after the move without its feedback line and its "Step k/N" status line: for both GridWorld
+encoders that text is fixed by the agent's position and the resources left, so two blocked moves with the same action
+and the same such text were made from the same cell.
 """
 
 from __future__ import annotations
