@@ -269,7 +269,7 @@ if [ -n "${PROCEDURAL_SHAPED_BLOCKED:-}" ]; then
   #     blocks costs -0.2 more (as much as a step away; part 9's greedy failures were mostly the same blocked move
   #     repeated). 50 iterations, seeds 1, 2, 3 in that order, each evaluated greedily on the unshaped id's test split,
   #     its failures classified by benchmarks/gridworld_failures.py.
-  #     Published in benchmarks/results/grpo_agent_procedural.md ("A blocked move costs as much as a step away").
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("A blocked move charged as much as a step away").
   for seed in 1 2 3; do
     timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped-blocked --learning-rate 1e-4 \
         --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 5 \

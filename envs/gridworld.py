@@ -60,8 +60,9 @@ from the goal costs -w - 0.05, so a policy unsure of the way around a wall is pa
 policy that does so sees the same text again and repeats itself to the step limit (benchmarks/results/
 grpo_agent_procedural.md). With p = w a wasted step costs what a step away does. This term is not potential-based,
 but an optimal policy never makes a blocked move (it only spends a step), so the optimal policies are unchanged; a
-success with fewer than 16 blocked moves still out-returns every failure (4 - 0.2 k against at most 0.8). Measured with
-PPO on the procedural layouts it did not raise the held-out goal rate (same results page).
+success with fewer than 6 blocked moves still out-returns every failure (at least 3 - 1 - 0.2 k, no resource
+collected, against at most 0.8). Measured with PPO on the procedural layouts it did not raise the held-out goal rate
+(same results page).
 """
 
 from __future__ import annotations
