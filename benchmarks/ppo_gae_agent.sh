@@ -291,9 +291,8 @@ fi
 if [ -n "${PROCEDURAL_SHAPED_T1:-}" ]; then
   # 13. Part 9 with training rollouts sampled at T = 1 instead of T = 2 (at T = 2 the trained policy stays near uniform
   #     while greedy falls back to the untrained "up" prior on blocked moves; part 12's classifier). 50 iterations,
-  #     seeds 1 and 2 (seed 3 not run: session time), each evaluated greedily on the unshaped id's test split, failures
-  #     classified. Published in benchmarks/results/grpo_agent_procedural.md ("Training at T = 1").
-  for seed in 1 2; do
+  #     seeds 1, 2, 3 in that order, each evaluated greedily on the unshaped id's test split, failures classified. Published in benchmarks/results/grpo_agent_procedural.md ("Training at T = 1").
+  for seed in 1 2 3; do
     timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
         --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 --checkpoint-every 5 \
         --save-model --eval-every 10 --seed "$seed" --temperature 1.0 --exp-name proc_rel_t1 --output-dir "$OUT/proc_rel_t1"
@@ -304,7 +303,7 @@ if [ -n "${PROCEDURAL_SHAPED_T1:-}" ]; then
         --trajectories "$OUT/proc_rel_t1/test_episodes_$seed.jsonl"
   done
   python benchmarks/zero_shot.py --table "$OUT/proc_rel_t1/test.jsonl"
-  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_t1/test_episodes_{1,2}.jsonl
+  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_t1/test_episodes_{1,2,3}.jsonl
 fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
