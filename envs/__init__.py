@@ -11,7 +11,7 @@ import importlib
 from typing import Any, Callable
 
 from envs.base import TERMINATIONS, TextEnv
-from envs.external import BABYAI_LEVELS
+from envs.external import BABYAI_GOTO_LEVELS, BABYAI_LEVELS, BABYAI_SHAPING_WEIGHT
 from envs.gridworld import BLOCKED_PENALTY, SHAPING_WEIGHT
 
 __all__ = ["TERMINATIONS", "TextEnv", "make", "register", "registered_ids"]
@@ -75,6 +75,9 @@ for _name in ("gridworld", "gridworld-procedural"):  # variants of envs/gridworl
                                                                    shaping=SHAPING_WEIGHT, blocked_penalty=BLOCKED_PENALTY)
 for _level in BABYAI_LEVELS:  # babyai-gotolocal, babyai-pickuploc, ... (minigrid is imported on first make)
     _REGISTRY[f"babyai-{_level.lower()}"] = _with_defaults("envs.external:BabyAITextEnv", level=_level)
+for _level in BABYAI_GOTO_LEVELS:  # potential-based shaping toward the mission's objects (envs/external.py)
+    _REGISTRY[f"babyai-{_level.lower()}-shaped"] = _with_defaults("envs.external:BabyAITextEnv", level=_level,
+                                                                  shaping=BABYAI_SHAPING_WEIGHT)
 
 
 def make(env_id: str, **kwargs: Any) -> TextEnv:

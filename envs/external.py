@@ -67,7 +67,13 @@ strict level), `truncated` at minigrid's max_steps (set per level at reset, or f
 a later success reward like any step) but the world does not change; `invalid_penalty` -0.1.
 `snapshot()` deep-copies the minigrid env (measured here: about 1 ms on a one-room 8x8 level,
 8-26 ms on the 22x22 mazes of GoTo and BossLevel), and `restore()` copies it again, so a restore
-replaces the object behind `game`. Importing minigrid 3.2.0 imports pygame (pygame-ce, a hard
+replaces the object behind `game`. Potential-based shaping (Ng, Harada & Russell 1999; seed 003 §3.2, as
+envs/gridworld.py does it), off by default, GoTo levels only: with `shaping=w > 0` (ids `babyai-<goto level>-shaped`,
+w = BABYAI_SHAPING_WEIGHT) every step adds F = Φ(s') - Φ(s) to `progress`, Φ(s) = -w * (fewest turn / forward /
+toggle actions from the agent's cell and heading to facing one of the objects the mission names, found by
+`babyai_goto_distance`; 0 when facing one, so 0 after success). The target cells are minigrid's own
+(`instrs.desc.obj_poss`, fixed at reset, what its verifier checks), so the shaped and unshaped levels share optimal
+policies and the goal rate; only returns differ. Importing minigrid 3.2.0 imports pygame (pygame-ce, a hard
 dependency of minigrid that installs as a wheel and needs no display); nothing here renders with it.
 
 Each adapter's verifier (a separate class) derives components and termination from the simulator's
@@ -103,6 +109,8 @@ BABYAI_ACTIONS = ["turn left", "turn right", "go forward", "pick up", "drop", "t
 # Levels to register as babyai-<level.lower()>; BabyAITextEnv takes any other registered level as well.
 BABYAI_LEVELS = ("GoToRedBall", "GoToObj", "GoToLocal", "GoTo", "PickupLoc", "Pickup", "Open", "Unlock",
                  "PutNextLocal", "Synth", "BossLevel")
+BABYAI_SHAPING_WEIGHT = 0.1  # w of the babyai-<goto level>-shaped ids: a step along a shortest path earns +0.1
+BABYAI_GOTO_LEVELS = ("GoToRedBall", "GoToObj", "GoToLocal", "GoTo")  # the registered levels shaping applies to
 PLAN_TIE = 1e-9  # expected returns this close count as equal when the planner breaks ties
 
 Outcome = tuple[dict[str, float], str | None]  # (reward components, termination or None)
@@ -613,6 +621,41 @@ def describe_view(image: np.ndarray) -> list[str]:
     return [phrase for *_, phrase in sorted(objects)] + walls
 
 
+def babyai_goto_distance(game: Any) -> int | None:
+    """Fewest actions until the agent faces one of the cells the GoTo mission names; None if it cannot.
+
+    Dijkstra over (cell, heading): a turn costs 1, a step forward 1 onto a cell the agent can stand on
+    (floor, an open door; minigrid's `can_overlap`), 2 onto a closed unlocked door (toggle, then step).
+    Objects and walls block. Facing a target cell ends the search, as minigrid's GoToInstr succeeds
+    after any action that leaves the agent facing one.
+    """
+    import heapq
+
+    from minigrid.core.constants import DIR_TO_VEC
+
+    targets = {tuple(int(v) for v in pos) for pos in game.instrs.desc.obj_poss}
+    start = (*(int(v) for v in game.agent_pos), int(game.agent_dir))
+    best, frontier = {start: 0}, [(0, start)]
+    while frontier:
+        cost, (x, y, heading) = heapq.heappop(frontier)
+        if cost > best[(x, y, heading)]:
+            continue
+        dx, dy = (int(v) for v in DIR_TO_VEC[heading])
+        if (x + dx, y + dy) in targets:
+            return cost
+        moves = [((x, y, (heading + 3) % 4), 1), ((x, y, (heading + 1) % 4), 1)]
+        cell = game.grid.get(x + dx, y + dy)
+        if cell is None or cell.can_overlap():
+            moves.append(((x + dx, y + dy, heading), 1))
+        elif cell.type == "door" and not cell.is_locked:
+            moves.append(((x + dx, y + dy, heading), 2))
+        for state, step in moves:
+            if cost + step < best.get(state, cost + step + 1):
+                best[state] = cost + step
+                heapq.heappush(frontier, (cost + step, state))
+    return None
+
+
 class BabyAIVerifier:
     """minigrid's own verdict: its success reward -> `task`; terminated with reward -> success, without -> failure."""
 
@@ -628,15 +671,21 @@ class BabyAITextEnv(GymTextAdapter):
     action_names = list(BABYAI_ACTIONS)  # minigrid's action indices 0..5; `done` (6) is left out
 
     def __init__(self, level: str = "GoToLocal", max_steps: int | None = None, invalid_penalty: float = -0.1,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, shaping: float = 0.0) -> None:
         super().__init__()
         _check_render_mode(render_mode)
         minigrid = _import_minigrid()
         self.gym_id = babyai_gym_id(level)
+        if not shaping >= 0.0:
+            raise ValueError(f"shaping must be a weight >= 0, got {shaping!r}")
+        goto_ids = {babyai_gym_id(name) for name in BABYAI_GOTO_LEVELS}
+        if shaping and self.gym_id not in goto_ids:
+            raise ValueError(f"shaping is defined for the GoTo levels only ({', '.join(BABYAI_GOTO_LEVELS)}), "
+                             f"not {self.gym_id}")
         level_kwargs = {} if max_steps is None else {"max_steps": max_steps}  # else the level sets it at reset
         self._game = gymnasium.make(self.gym_id, disable_env_checker=True, **level_kwargs).unwrapped
-        self.invalid_penalty, self.render_mode = float(invalid_penalty), render_mode
-        self.env_version = f"babyai-1.0+minigrid-{minigrid.__version__}"
+        self.invalid_penalty, self.render_mode, self.shaping = float(invalid_penalty), render_mode, float(shaping)
+        self.env_version = f"babyai-1.0+minigrid-{minigrid.__version__}" + (f"-shaped{shaping:g}" if shaping else "")
         self.verifier = BabyAIVerifier()
         self._episode: EpisodeState | None = None
 
@@ -666,14 +715,26 @@ class BabyAITextEnv(GymTextAdapter):
             feedback = INVALID_FEEDBACK.format(", ".join(self.action_names))
             episode = replace(episode, invalid_actions=episode.invalid_actions + 1)
         else:
-            before = self._signature()
+            before, potential_before = self._signature(), self.potential()
             _, reward, terminated, truncated, _ = game.step(index)
             components, termination = self.verifier.score(float(reward), bool(terminated), bool(truncated))
+            components["progress"] += self.potential() - potential_before
             feedback = "Nothing happened." if self._signature() == before else None
         self._episode = episode = replace(episode, steps=game.step_count, termination=termination)
         info = _step_info(self.env_version, episode, index, components)
         terminated = termination in ("success", "failure")
         return self._observation(feedback), sum(components.values()), terminated, termination == "truncated", info
+
+    def potential(self) -> float:
+        """Φ(s) = -shaping * `babyai_goto_distance` (module docstring); 0 without shaping. Should the mission's
+        objects be walled off (not seen on the registered GoTo levels), the distance counts as every (cell,
+        heading) pair of the grid, a bound no reachable state exceeds."""
+        if not self.shaping:
+            return 0.0
+        distance = babyai_goto_distance(self._game)
+        if distance is None:
+            distance = 4 * self._game.width * self._game.height
+        return -self.shaping * distance
 
     def render(self) -> str:
         """minigrid's picture of the whole grid (two characters a cell), for people; the agent sees less."""

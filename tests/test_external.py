@@ -427,3 +427,67 @@ def test_babyai_env_checker(babyai):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check_env(babyai.BabyAITextEnv(render_mode="ansi"), skip_render_check=False)
+
+
+def _shortest_path_step(env):
+    """The action (turn / forward / toggle) whose step raises the shaping potential by exactly w, found by trying each."""
+    snap = env.snapshot()
+    for action in (0, 1, 2, 5):
+        env.restore(snap)
+        before = env.potential()
+        result = env.step(action)
+        if result[4]["reward_components"]["progress"] == pytest.approx(env.shaping) and env.potential() > before:
+            env.restore(snap)
+            return action
+    raise AssertionError("no action brings the agent one step closer: babyai_goto_distance is inconsistent")
+
+
+@pytest.mark.parametrize("level, seeds", [("gotoredball", range(8)), ("gotolocal", range(4))])
+def test_babyai_shaping_pays_w_per_step_along_a_shortest_path_and_changes_no_outcome(babyai, level, seeds):
+    from minigrid.utils.baby_ai_bot import BabyAIBot
+
+    for seed in seeds:
+        env, plain = babyai.BabyAITextEnv(level, shaping=0.1), babyai.BabyAITextEnv(level)
+        env.reset(seed=seed)
+        distance = babyai.babyai_goto_distance(env.game)
+        assert distance is not None and env.potential() == pytest.approx(-0.1 * distance)
+        bot_env = babyai.BabyAITextEnv(level)  # minigrid's own planner never beats the shortest path
+        bot_env.reset(seed=seed)
+        bot, bot_steps = BabyAIBot(bot_env.game), 0
+        while not any(bot_env.step(int(bot.replan()))[2:4]):
+            bot_steps += 1
+        assert bot_steps + 1 >= distance
+        plain.reset(seed=seed)
+        shaped_total = plain_total = 0.0
+        for step in range(distance):  # greedy descent of the distance: every step earns exactly +w
+            action = _shortest_path_step(env)
+            obs, reward, terminated, _, info = env.step(action)
+            plain_obs, plain_reward, *_, plain_info = plain.step(action)
+            assert info["reward_components"]["progress"] == pytest.approx(0.1)
+            assert obs == plain_obs and terminated == (step == distance - 1)  # the text and the ending are unchanged
+            shaped_total, plain_total = shaped_total + reward, plain_total + plain_reward
+        assert info["termination"] == plain_info["termination"] == "success" and env.potential() == 0.0
+        assert shaped_total == pytest.approx(plain_total + 0.1 * distance)  # telescopes to Φ(s_T) - Φ(s_0)
+
+
+def test_babyai_shaping_telescopes_on_random_play_and_is_refused_off_the_goto_levels(babyai):
+    rng = random.Random(0)
+    for seed in range(6):
+        env, plain = babyai.BabyAITextEnv("gotolocal", max_steps=20, shaping=0.1), babyai.BabyAITextEnv("gotolocal", max_steps=20)
+        env.reset(seed=seed), plain.reset(seed=seed)
+        start, progress = env.potential(), 0.0
+        while True:
+            action = rng.choice(["turn left", "turn right", "go forward", "go forward", "pick up", "toggle", "??"])
+            *_, terminated, truncated, info = env.step(action)
+            *_, plain_terminated, plain_truncated, plain_info = plain.step(action)
+            progress += info["reward_components"]["progress"]
+            assert info["reward_components"]["task"] == plain_info["reward_components"]["task"]
+            assert (terminated, truncated) == (plain_terminated, plain_truncated)
+            if terminated or truncated:
+                break
+        assert progress == pytest.approx(env.potential() - start)
+    assert babyai.BabyAITextEnv("gotolocal").potential() == 0.0  # off by default
+    with pytest.raises(ValueError, match="GoTo levels only"):
+        babyai.BabyAITextEnv("pickuploc", shaping=0.1)
+    with pytest.raises(ValueError, match="shaping must be"):
+        babyai.BabyAITextEnv("gotolocal", shaping=-0.1)
