@@ -249,19 +249,27 @@ if [ -n "${PROCEDURAL_SHAPED_ENT:-}" ]; then
 fi
 
 if [ -n "${PROCEDURAL_SHAPED_ENT_LONG:-}" ]; then
-  # 11. Part 10's runs of seeds 2 and 1 continued to 100 iterations (800 episodes): `--resume` (no learning-rate
-  #     schedule, so this trains as one 100-iteration run would), then greedy on the unshaped id's test split. Needs
-  #     part 10's run directories (PROCEDURAL_SHAPED_ENT=1 PROCEDURAL_SHAPED_ENT_LONG=1 bash ...). Published in
-  #     benchmarks/results/grpo_agent_procedural.md ("Twice the training").
-  for seed in 2 1; do
+  # 11. Part 10's runs continued to 100 iterations (800 episodes): `--resume` (no learning-rate schedule, so this trains
+  #     as one 100-iteration run would), then greedy (T = 0) and sampled (T = 1, session 35) on the unshaped id's test
+  #     split. Needs part 10's run directories (PROCEDURAL_SHAPED_ENT=1 PROCEDURAL_SHAPED_ENT_LONG=1 bash ...).
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Twice the training"): greedy 68 / 44 / 64%.
+  for seed in 2 1 3; do
     RUN=$(ls -d "$OUT"/proc_rel_shaped_ent05/gridworld-procedural-relative-shaped__proc_rel_shaped_ent05__${seed}__* | tail -1)
     timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations 100
     timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
         --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_shaped_ent05/test_100.jsonl" \
         --trajectories "$OUT/proc_rel_shaped_ent05/test_100_episodes_$seed.jsonl"
   done
+  for seed in 1 2 3; do
+    RUN=$(ls -d "$OUT"/proc_rel_shaped_ent05/gridworld-procedural-relative-shaped__proc_rel_shaped_ent05__${seed}__* | tail -1)
+    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+        --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 \
+        --output "$OUT/proc_rel_shaped_ent05/test_100_t1.jsonl" \
+        --trajectories "$OUT/proc_rel_shaped_ent05/test_100_t1_episodes_$seed.jsonl"
+  done
   python benchmarks/zero_shot.py --table "$OUT/proc_rel_shaped_ent05/test_100.jsonl"
-  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_shaped_ent05/test_100_episodes_{2,1}.jsonl  # session 33
+  python benchmarks/zero_shot.py --table "$OUT/proc_rel_shaped_ent05/test_100_t1.jsonl"
+  python benchmarks/gridworld_failures.py "$OUT"/proc_rel_shaped_ent05/test_100_episodes_{2,1,3}.jsonl
 fi
 
 if [ -n "${PROCEDURAL_SHAPED_BLOCKED:-}" ]; then
