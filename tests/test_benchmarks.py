@@ -423,6 +423,37 @@ def test_gridworld_failures_tells_a_stuck_agent_from_an_oscillating_one_and_from
     assert gf.most_frequent_move([_scripted_episode("gridworld", ["left"] * 4 + ["right"] * 3)]) == "left (57%)"
 
 
+def test_babyai_failures_counts_a_failure_as_having_seen_its_target_only_when_the_target_itself_was_in_view():
+    """A red box or the mission line naming the red ball is not seeing it; "a red ball 2 steps forward" is. Steps per
+    success and move shares are over the episodes given; the mission format is pinned on a real BabyAI episode."""
+    from benchmarks import babyai_failures as bf
+    from common.records import Trajectory, Turn
+
+    def episode(observations: list[str], actions: list[str], termination: str) -> Trajectory:
+        turns = [Turn(action_text=a, observation=o, reward=0.0, action_valid=True, num_action_tokens=1)
+                 for a, o in zip(actions, observations)]
+        return Trajectory(token_ids=[], source_mask=[], behavior_logprobs=[], policy_version=0, turns=turns,
+                          rewards={}, return_=0.0, termination=termination, env_version="", task_id="", seed=0)
+
+    line = "Step {}/24. Mission: go to the red ball.\nYou see {}."
+    decoys = episode([line.format(1, "a red box 1 step left; a grey ball 2 steps forward"),
+                      line.format(2, "nothing but the floor")], ["turn left", "go forward"], "truncated")
+    seen = episode([line.format(1, "a grey key 1 step right"), line.format(2, "a red ball 2 steps forward")],
+                   ["go forward", "go forward"], "truncated")
+    success = episode([line.format(k, "a red ball 1 step forward") for k in (1, 2, 3)],
+                      ["turn right", "go forward", "go forward"], "success")
+    assert bf.mission_object(decoys) == "red ball"
+    assert not bf.saw_target(decoys) and bf.saw_target(seen)
+    assert [(m, round(s, 3)) for m, s in bf.move_shares([decoys, seen, success])] == [
+        ("go forward", 0.714), ("turn left", 0.143), ("turn right", 0.143)]
+    assert bf.summary_row("f", [decoys, seen, success]) == (
+        "| f | 3 | 1 | 3.0 | 1 of 2 | go forward 71%, turn left 14%, turn right 14% |")
+    assert bf.summary_row("f", [decoys]) == "| f | 1 | 0 |  | 0 of 1 | turn left 50%, go forward 50% |"
+    pytest.importorskip("minigrid", reason="BabyAI needs minigrid: pip install minigrid==3.2.0")
+    real = _scripted_episode("babyai-gotoredball", ["turn left"] * 4)
+    assert bf.mission_object(real) == "red ball" and len(real.turns) == 4
+
+
 def test_zero_shot_keeps_trajectories_that_gridworld_failures_reads(tmp_path):
     """`--trajectories` writes one valid record per episode; gridworld_failures.py puts every episode in one class."""
     root = Path(__file__).resolve().parents[1]
