@@ -247,6 +247,46 @@ def offline() -> str:
                               "is conditioned on R* = the dataset's best return. Sources: " + "; ".join(sources) + "."])
 
 
+def babyai_shaping() -> str:
+    """PPO on BabyAI GoToRedBall with and without potential-based shaping, per seed and mean ± std over seeds, from
+    zero_shot.py's rows for each trained model (greedy, and sampled at the training temperature), on unseen episodes."""
+    def read(name):
+        path = RESULTS / name
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    cells: dict[tuple[str, int], dict[float, float]] = {}  # (training env id, seed) -> {temperature: success rate}
+    for row in read("ppo_gae_agent_babyai_shaped.jsonl") + read("ppo_gae_agent_babyai_sampled.jsonl"):
+        env_id, _, seed, _ = Path(row["settings"]["model"]).parent.name.split("__")  # run_name of the trained model
+        cells.setdefault((env_id, int(seed)), {})[row["settings"]["temperature"]] = row["success_rate"]
+    if not cells:
+        return "Not measured yet (`BABYAI_SHAPED=1 bash benchmarks/ppo_gae_agent.sh`)."
+    temperatures = sorted({t for c in cells.values() for t in c})
+
+    def fmt(values: list[float]) -> str:
+        if not values:
+            return ""
+        mean = sum(values) / len(values)
+        if len(values) == 1:
+            return f"{mean:.0%}"
+        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5  # over seeds, ddof = 1
+        return f"{mean:.0%} ± {std * 100:.0f} ({len(values)} seeds)"
+    heads = ["greedy" if t == 0 else f"sampled, T = {t:g}" for t in temperatures]
+    lines = ["| trained on | seed | " + " | ".join(heads) + " |", "|" + " --- |" * (2 + len(heads))]
+    for env_id in sorted({e for e, _ in cells}, key=lambda e: not e.endswith("-shaped")):
+        seeds = sorted(s for e, s in cells if e == env_id)
+        lines += [f"| `{env_id}` | {s} | " + " | ".join(f"{cells[env_id, s][t]:.0%}" if t in cells[env_id, s] else ""
+                                                         for t in temperatures) + " |" for s in seeds]
+        lines.append(f"| `{env_id}` | **mean ± std** | " + " | ".join(
+            fmt([cells[env_id, s][t] for s in seeds if t in cells[env_id, s]]) for t in temperatures) + " |")
+    random = next((r for r in read("zero_shot_random.jsonl") if r["env_id"] == "babyai-gotoredball"
+                   and json.loads(r["settings"]["env_kwargs"] or "{}") == {"max_steps": 24}), None)
+    rnd = f" A uniformly random action each step: {random['success_rate']:.0%}." if random else ""
+    return "\n".join(lines + ["", "Success on 50 episodes of the unshaped `babyai-gotoredball` (24 steps, environment seeds "
+                              "0-49, never trained on) after 400 training episodes of `ppo_gae_agent.py` (SmolLM2, choice "
+                              f"mode, trained at T = 2); the shaping leaves the goal rate's meaning unchanged.{rnd} Source: "
+                              "`BABYAI_SHAPED=1 bash benchmarks/ppo_gae_agent.sh` (part 14), "
+                              "[ppo_gae_agent_babyai.md](benchmarks/results/ppo_gae_agent_babyai.md)."])
+
+
 def tests_block() -> str:
     """The last recorded full test run (benchmarks/results/test_suite.json, written by --record-tests)."""
     path = RESULTS / "test_suite.json"
@@ -273,7 +313,7 @@ def record_tests(log: str, commit: str = "", load: str = "otherwise idle") -> No
 
 BLOCKS = {"main-job": main_job, "three-way": three_way, "three-way-procedural": three_way_procedural,
           "three-way-babyai": three_way_babyai, "zero-shot": zero_shot, "performance": performance,
-          "memory": memory, "offline": offline, "tests": tests_block}
+          "memory": memory, "offline": offline, "babyai-shaping": babyai_shaping, "tests": tests_block}
 
 
 def render(readme: str) -> str:

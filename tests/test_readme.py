@@ -52,3 +52,23 @@ def test_record_tests_reads_the_pytest_summary(tmp_path, monkeypatch):
     log.write_text("..F.\n1 failed, 625 passed, 7 skipped in 1100.00s\n")
     with pytest.raises(SystemExit, match="all-green"):
         readme.record_tests(str(log))
+
+
+def test_babyai_shaping_block_groups_rows_by_training_env_and_seed_and_spreads_over_seeds(tmp_path, monkeypatch):
+    """Each trained model's row lands under its run's env id and seed and under its temperature's column; the mean ±
+    std is over seeds (ddof = 1); a later row for the same model and temperature replaces the earlier one."""
+    monkeypatch.setattr(readme, "RESULTS", tmp_path)
+    assert "Not measured yet" in readme.babyai_shaping()
+
+    def row(env_id: str, seed: int, temperature: float, success: float) -> str:
+        model = f"runs/x/{env_id}__exp__{seed}__17964/model"
+        return json.dumps({"success_rate": success, "settings": {"model": model, "temperature": temperature}})
+    (tmp_path / "ppo_gae_agent_babyai_shaped.jsonl").write_text("\n".join([
+        row("babyai-gotoredball-shaped", 1, 0.0, 0.50), row("babyai-gotoredball-shaped", 2, 0.0, 0.10),
+        row("babyai-gotoredball", 1, 0.0, 0.30), row("babyai-gotoredball-shaped", 2, 0.0, 0.20)]) + "\n")
+    (tmp_path / "ppo_gae_agent_babyai_sampled.jsonl").write_text(row("babyai-gotoredball", 1, 2.0, 0.40) + "\n")
+    header, *rows = readme.markdown_tables(readme.babyai_shaping())[0]
+    assert header == ["trained on", "seed", "greedy", "sampled, T = 2"]
+    assert rows == [["`babyai-gotoredball-shaped`", "1", "50%", ""], ["`babyai-gotoredball-shaped`", "2", "20%", ""],
+                    ["`babyai-gotoredball-shaped`", "**mean ± std**", "35% ± 21 (2 seeds)", ""],
+                    ["`babyai-gotoredball`", "1", "30%", "40%"], ["`babyai-gotoredball`", "**mean ± std**", "30%", "40%"]]
