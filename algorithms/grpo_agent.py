@@ -175,9 +175,11 @@ class Args:
     sft_learning_rate: float = 1e-4
     """learning rate of the cold start"""
     eval_every: int = 5
-    """greedy evaluation every N iterations (and before the first and after the last); 0 disables"""
+    """evaluation every N iterations (and before the first and after the last); 0 disables"""
     eval_episodes: int = 8
-    """episodes per greedy evaluation"""
+    """episodes per evaluation, on seeds never trained on"""
+    eval_temperature: float = 0.0
+    """temperature of the evaluation episodes: 0 is greedy; the training --temperature tests the sampled policy"""
 
     # filled in at runtime
     world_size: tyro.conf.Suppress[int] = 1
@@ -187,8 +189,8 @@ class Args:
 
 
 # the flags --resume lets differ from the saved run (none of them changes what the training samples)
-RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir",
-             "malloc_mmap_threshold_kib"}
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "eval_temperature", "save_model",
+             "resume", "output_dir", "malloc_mmap_threshold_kib"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--group-size", "4", "--eval-every", "1", "--eval-episodes", "2",
                    "--no-filter-zero-variance"]  # tiny's group has zero variance there: kept, so losses are logged
@@ -216,8 +218,8 @@ def validate_args(args: Args):
         problems.append("--clip-eps-low must be in [0, 1) and --clip-eps-high >= 0")
     if args.novelty_coef < 0 or args.sil_coef < 0 or args.sil_episodes < 1:
         problems.append("--novelty-coef and --sil-coef must be >= 0 (0: off), --sil-episodes >= 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        problems.append("--temperature must be >= 0, --top-p in (0, 1] and --top-k >= 0")
+    if min(args.temperature, args.eval_temperature) < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        problems.append("--temperature / --eval-temperature must be >= 0, --top-p in (0, 1] and --top-k >= 0")
     if args.rollout_dtype != "float32" and (args.rollout_backend == "vllm" or args.fsdp):
         problems.append("--rollout-dtype applies to --rollout-backend hf without --fsdp (vLLM samples in bf16 already)")
     if args.rollout_backend == "vllm" and (args.action_mode != "free" or args.top_k):
@@ -231,8 +233,7 @@ def validate_args(args: Args):
 
 def group_advantages(returns: torch.Tensor, eps: float) -> torch.Tensor:
     """Eq. 12.18: A_i = (r_i - mean(r)) / (std(r) + eps) within each group. returns: [num_groups, G]."""
-    mean = returns.mean(dim=1, keepdim=True)
-    std = returns.std(dim=1, keepdim=True, unbiased=False)
+    mean, std = returns.mean(dim=1, keepdim=True), returns.std(dim=1, keepdim=True, unbiased=False)
     return (returns - mean) / (std + eps)
 
 
@@ -279,11 +280,11 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     }
 
 
-def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int) -> dict[str, float]:
-    """Greedy episodes (temperature 0) on seeds disjoint from training seeds."""
-    sampling = engine.config
-    engine.config = RolloutConfig(**{**vars(sampling), "temperature": 0.0})
-    trajs = engine.run([envs.make(env_id) for _ in range(num)], [(1 << 40) + seed * 1000 + i for i in range(num)], env_id)
+def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int, temperature: float, device) -> dict[str, float]:
+    """Episodes at `temperature` (0: greedy) on unseen seeds, drawn by a fresh RNG (training's stays untouched)."""
+    sampling, engine.config = engine.config, RolloutConfig(**{**vars(engine.config), "temperature": temperature})
+    seeds, gen = [(1 << 40) + seed * 1000 + i for i in range(num)], torch.Generator(device).manual_seed((1 << 40) + seed)
+    trajs = engine.run([envs.make(env_id) for _ in seeds], seeds, env_id, generator=gen)
     engine.config = sampling
     return episode_metrics(trajs)
 
@@ -298,9 +299,8 @@ if __name__ == "__main__":
     run_dir = args.resume or os.path.join(args.output_dir, make_run_name(args.env_id, args.exp_name, args.seed))
     ckpt = Checkpointer(run_dir, args.checkpoint_every, rank, args.world_size)
     resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
-    if resumed and args.total_iterations < resumed["counters"]["iteration"]:
-        raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration "
-                         f"{resumed['counters']['iteration']} already")
+    if resumed and args.total_iterations < (done := resumed["counters"]["iteration"]):
+        raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration {done} already")
     try:
         envs.make(args.env_id)  # fail fast on a bad --env-id, before loading a model
     except (ValueError, TypeError) as e:
@@ -411,11 +411,11 @@ if __name__ == "__main__":
 
     def run_eval(iteration: int):
         with gathered(fsdp_layers if args.eval_every > 0 else []), autocast(device):  # FSDP: all gather, rank 0 evaluates
-            metrics = evaluate(engine, args.env_id, args.eval_episodes, args.seed) if args.eval_every and rank == 0 else {}
-        if metrics:
-            tracker.scalars({f"eval/{k}": v for k, v in metrics.items()}, episodes_seen)
-            print0(f"eval @ iter {iteration} | success {metrics['success_rate']:.2f} "
-                   f"| return {metrics['episodic_return']:.2f}")
+            m = evaluate(engine, args.env_id, args.eval_episodes, args.seed, args.eval_temperature, device) \
+                if args.eval_every and rank == 0 else {}
+        if m:
+            tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episodes_seen)
+            print0(f"eval @ iter {iteration} | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f}")
 
     if not resumed:
         run_eval(0)

@@ -168,9 +168,11 @@ class Args:
     max_total_tokens: int = 4096
     """cap on an episode's whole token sequence (hitting it ends the episode as truncated)"""
     eval_every: int = 5
-    """greedy evaluation every N iterations (and before the first and after the last); 0 disables"""
+    """evaluation every N iterations (and before the first and after the last); 0 disables"""
     eval_episodes: int = 8
-    """episodes per greedy evaluation"""
+    """episodes per evaluation, on seeds never trained on"""
+    eval_temperature: float = 0.0
+    """temperature of the evaluation episodes: 0 is greedy; the training --temperature tests the sampled policy"""
 
     # filled in at runtime
     world_size: tyro.conf.Suppress[int] = 1
@@ -180,7 +182,8 @@ class Args:
 
 
 # the flags --resume lets differ from the saved run (none of them changes what the training samples)
-RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "save_model", "resume", "output_dir"}
+RESUMABLE = {"total_iterations", "checkpoint_every", "eval_every", "eval_episodes", "eval_temperature", "save_model",
+             "resume", "output_dir"}
 # read by tests/test_conformance.py: a few-second `--model tiny` run, and the shared tags it writes
 SMOKE_TEST_ARGS = ["--total-iterations", "1", "--num-episodes", "4", "--eval-every", "1", "--eval-episodes", "2"]
 LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_length", "charts/invalid_action_rate",
@@ -204,8 +207,8 @@ def validate_args(args: Args):
         problems.append("--gamma and --gae-lambda must be in [0, 1]")
     if not 0 < args.clip_eps < 1 or args.value_clip < 0:
         problems.append("--clip-eps must be in (0, 1) and --value-clip >= 0")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        problems.append("--temperature must be >= 0 and --top-p in (0, 1]")
+    if min(args.temperature, args.eval_temperature) < 0 or not 0 < args.top_p <= 1:
+        problems.append("--temperature / --eval-temperature must be >= 0 and --top-p in (0, 1]")
     if args.max_episode_steps < 0 or args.lora_r < 0 or args.checkpoint_every < 0:
         problems.append("--max-episode-steps, --lora-r and --checkpoint-every must be >= 0")
     if args.fsdp and args.rollout_dtype != "float32":
@@ -328,10 +331,11 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
             "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1)}
 
 
-def evaluate(engine: RolloutEngine, make_env, env_id: str, num: int, seed: int) -> dict[str, float]:
-    """Greedy episodes (temperature 0) on seeds disjoint from training seeds."""
-    sampling, engine.config = engine.config, replace(engine.config, temperature=0.0)
-    trajs = engine.run([make_env() for _ in range(num)], [(1 << 40) + seed * 1000 + i for i in range(num)], env_id)
+def evaluate(engine: RolloutEngine, make_env, env_id: str, num: int, seed: int, temperature: float, device) -> dict:
+    """Episodes at `temperature` (0: greedy) on unseen seeds, drawn by a fresh RNG (training's stays untouched)."""
+    sampling, engine.config = engine.config, replace(engine.config, temperature=temperature)
+    seeds, gen = [(1 << 40) + seed * 1000 + i for i in range(num)], torch.Generator(device).manual_seed((1 << 40) + seed)
+    trajs = engine.run([make_env() for _ in seeds], seeds, env_id, generator=gen)
     engine.config = sampling
     return episode_metrics(trajs)
 
@@ -420,7 +424,8 @@ if __name__ == "__main__":
 
     def run_eval(iteration: int):
         with gathered(fsdp_layers if args.eval_every > 0 else []), autocast(device):  # FSDP: all gather, rank 0 evaluates
-            m = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed) if args.eval_every and rank == 0 else {}
+            m = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed, args.eval_temperature, device) \
+                if args.eval_every and rank == 0 else {}
         if m:
             tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episodes_seen)
             print0(f"eval @ iter {iteration} | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f}")

@@ -351,8 +351,8 @@ def evaluate(engine: RolloutEngine, make_env, num_tasks: int, n: int, k: int, te
     sampling = engine.config
     engine.config = RolloutConfig(**{**vars(sampling), "temperature": temperature})
     seeds = [seed_base + task for task in range(num_tasks) for _ in range(n)]
-    with autocast(engine.model.device):
-        trajs = engine.run([make_env() for _ in seeds], seeds, "eval", generator=torch.Generator().manual_seed(seed_base))
+    with autocast(dev := engine.model.device):  # an RNG of its own, on the sampling device (cuda: a CPU one fails)
+        trajs = engine.run([make_env() for _ in seeds], seeds, "eval", generator=torch.Generator(dev).manual_seed(seed_base))
     engine.config = sampling
     solved = np.array([t.success for t in trajs]).reshape(num_tasks, n).sum(1)
     return {"pass@1": float(np.mean([pass_at_k(n, int(c), 1) for c in solved])),

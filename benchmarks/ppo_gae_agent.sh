@@ -35,7 +35,9 @@
 #      BABYAI_MICROBATCH=1: peak RSS at --micro-batch-size 4 / 2 / 1 (11.84 / 8.44 / 7.00 GB). BABYAI16=1: 16 episodes
 #      per iteration, stopped after 10 iterations: sampled success 0.12-0.31, greedy 0.00 / 0.06 / 0.06 (same file).
 #   14. BABYAI_SHAPED=1: part 7 for 400 episodes on babyai-gotoredball-shaped (potential-based shaping) and unshaped
-#      (the control), seeds 1-3; greedy on 50 unseen unshaped episodes (same file).
+#      (the control), seeds 1-3; greedy, and sampled at T = 2, on 50 unseen unshaped episodes (same file).
+#   15. PROCEDURAL_SHAPED_ENT_1600=1: part 10's setting trained to 800 and 1,600 episodes, greedy on the held-out test
+#      layouts (benchmarks/results/grpo_agent_procedural.md).
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -333,10 +335,48 @@ if [ -n "${BABYAI_SHAPED:-}" ]; then
       timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id babyai-gotoredball \
           --env-kwargs '{"max_steps": 24}' --temperature 0 --episodes 50 --output "$OUT/babyai_shaped_test.jsonl" \
           --trajectories "$OUT/$name/test_episodes_$seed.jsonl"
+      # the same episodes sampled at the training temperature, as GLAM tests (session 39; seeds 2 and 3 only)
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id babyai-gotoredball \
+          --env-kwargs '{"max_steps": 24}' --temperature 2 --episodes 50 --output "$OUT/babyai_sampled_test.jsonl" \
+          --trajectories "$OUT/$name/test_episodes_T2_$seed.jsonl"
     done
   done
   python benchmarks/zero_shot.py --table "$OUT/babyai_shaped_test.jsonl"
-  python benchmarks/babyai_failures.py "$OUT"/babyai_{shaped,unshaped}/test_episodes_*.jsonl
+  python benchmarks/zero_shot.py --table "$OUT/babyai_sampled_test.jsonl"
+  python benchmarks/babyai_failures.py "$OUT"/babyai_{shaped,unshaped}/test_episodes_[0-9]*.jsonl
+  python benchmarks/babyai_failures.py "$OUT"/babyai_{shaped,unshaped}/test_episodes_T2_*.jsonl
+fi
+
+if [ -n "${PROCEDURAL_SHAPED_ENT_1600:-}" ]; then
+  # 15. Part 10's setting (--ent-coef 0.05) trained to 200 iterations = 1,600 episodes, in one run directory per seed:
+  #     100 iterations, greedy on the unshaped id's 50 held-out test layouts (as part 11), then `--resume` to 200 and
+  #     the same test. Seeds 2 and 3 were still improving at 800 episodes (part 11). A step whose test file exists is
+  #     skipped, and an interrupted training (SIGTERM: checkpoint after the iteration) continues with `--resume`, so
+  #     the loop body, run again with the same DIR, picks up where it stopped (session 39 ran it from a copy in
+  #     benchmarks/runs/). Published in benchmarks/results/grpo_agent_procedural.md ("1,600 episodes").
+  for seed in ${SEEDS_1600:-2 3 1}; do
+    DIR="$OUT/proc_rel_ent05_1600"
+    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_1600__${seed}__* 2>/dev/null | tail -1)
+    for total in 100 200; do
+      [ -f "$DIR/test_${total}_episodes_$seed.jsonl" ] && continue
+      if [ -z "$RUN" ]; then
+        timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+            --num-episodes 8 --total-iterations "$total" --rollout-dtype bfloat16 --update-dtype bfloat16 \
+            --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 \
+            --exp-name proc_rel_ent05_1600 --output-dir "$DIR"
+        RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_1600__${seed}__* | tail -1)
+      else
+        timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations "$total"
+      fi
+      python benchmarks/summarize_run.py "$RUN" --every 160
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+          --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_$total.jsonl" \
+          --trajectories "$DIR/test_${total}_episodes_$seed.jsonl"
+    done
+  done
+  for total in 100 200; do
+    if [ -f "$DIR/test_$total.jsonl" ]; then python benchmarks/zero_shot.py --table "$DIR/test_$total.jsonl"; fi
+  done
 fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \

@@ -280,6 +280,11 @@ def babyai_shaping() -> str:
     random = next((r for r in read("zero_shot_random.jsonl") if r["env_id"] == "babyai-gotoredball"
                    and json.loads(r["settings"]["env_kwargs"] or "{}") == {"max_steps": 24}), None)
     rnd = f" A uniformly random action each step: {random['success_rate']:.0%}." if random else ""
+    if any(len(c) < len(temperatures) for c in cells.values()):
+        rnd += " A blank cell was not measured."
+    if len(temperatures) > 1:
+        rnd += (" Sampled: `zero_shot.py --temperature T` on the same models and episodes (GLAM tests its policies "
+                "sampled; greedy decoding of these policies tends to repeat one move).")
     note = ("Success on 50 episodes of the unshaped `babyai-gotoredball` (24 steps, environment seeds 0-49, never trained "
             "on) after 400 training episodes of `ppo_gae_agent.py` (SmolLM2, choice mode, trained at T = 2); the shaping "
             f"leaves the goal rate's meaning unchanged.{rnd} Source: `BABYAI_SHAPED=1 bash benchmarks/ppo_gae_agent.sh` "

@@ -102,6 +102,27 @@ def test_shared_flags_are_offered_together_and_mean_the_same():
     assert {"grpo_agent", "ppo_gae_agent", "rlef"} <= {k for k, v in having.items() if v}, having
 
 
+@pytest.mark.parametrize("name", ["grpo_agent", "ppo_gae_agent", "rlef"])
+def test_a_sampled_evaluation_changes_no_training_number_and_repeats_exactly(name, tmp_path):
+    """The scripts whose training rollouts sample from the policy can evaluate it sampled too (`--eval-temperature`;
+    GLAM tests its policies so): the evaluation draws from an RNG of its own, seeded afresh, so the training numbers
+    are the same whatever the evaluation's temperature (which is why --resume may change it), and two sampled
+    evaluations of the same weights are identical."""
+    path = ROOT / "algorithms" / f"{name}.py"
+    (cls,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Args"]
+    annotations = [ast.unparse(n.annotation) for n in cls.body
+                   if isinstance(n, ast.AnnAssign) and n.target.id == "eval_temperature"]
+    assert annotations == ["float"] and "eval_temperature" in module_literal(path, "RESUMABLE")
+    # each smoke run evaluates before its first training iteration, so a draw from the training RNG would show
+    greedy, sampled, again = [run_scripts(path, (tmp_path / d, ["--eval-temperature", t]))[0]
+                              for d, t in (("g", "0"), ("s", "2"), ("t", "2"))]
+    g, s, t = read_scalars(greedy), read_scalars(sampled), read_scalars(again)
+    training = [tag for tag in g if tag.startswith(("charts/", "losses/"))]
+    assert training and all(g[tag] == s[tag] for tag in training), [tag for tag in training if g[tag] != s[tag]]
+    evaluation = [tag for tag in s if tag.startswith("eval/")]
+    assert evaluation and all(s[tag] == t[tag] for tag in evaluation)
+
+
 HELP = ["--help"]
 BAD_FLAGS = [["--seed", "abc"], ["--env-id", "no-such-env"]]
 BAD_FLAGS += [] if torch.cuda.is_available() else [["--device", "cuda:7"]]

@@ -72,3 +72,8 @@ def test_babyai_shaping_block_groups_rows_by_training_env_and_seed_and_spreads_o
     assert rows == [["`babyai-gotoredball-shaped`", "1", "50%", ""], ["`babyai-gotoredball-shaped`", "2", "20%", ""],
                     ["`babyai-gotoredball-shaped`", "**mean ± std**", "35% ± 21 (2 seeds)", ""],
                     ["`babyai-gotoredball`", "1", "30%", "40%"], ["`babyai-gotoredball`", "**mean ± std**", "30%", "40%"]]
+    note = readme.babyai_shaping().split("\n\n")[-1]
+    assert "A blank cell was not measured." in note and "--temperature T" in note  # the shaped seeds lack T = 2 rows
+    (tmp_path / "ppo_gae_agent_babyai_sampled.jsonl").unlink()
+    only_greedy = readme.babyai_shaping().split("\n\n")[-1]
+    assert "blank cell" not in only_greedy and "--temperature T" not in only_greedy
