@@ -356,7 +356,7 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_1600:-}" ]; then
   #     benchmarks/runs/). Published in benchmarks/results/grpo_agent_procedural.md ("1,600 episodes").
   for seed in ${SEEDS_1600:-2 3 1}; do
     DIR="$OUT/proc_rel_ent05_1600"
-    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_1600__${seed}__* 2>/dev/null | tail -1)
+    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_1600__${seed}__* 2>/dev/null | tail -1 || true)
     for total in 100 200; do
       [ -f "$DIR/test_${total}_episodes_$seed.jsonl" ] && continue
       if [ -z "$RUN" ]; then
