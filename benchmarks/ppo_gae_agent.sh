@@ -37,7 +37,7 @@
 #   14. BABYAI_SHAPED=1: part 7 for 400 episodes on babyai-gotoredball-shaped (potential-based shaping) and unshaped
 #      (the control), seeds 1-3; greedy, and sampled at T = 2, on 50 unseen unshaped episodes (same file).
 #   15. PROCEDURAL_SHAPED_ENT_1600=1: part 10's setting trained to 800 and 1,600 episodes, greedy on the held-out test
-#      layouts (benchmarks/results/grpo_agent_procedural.md).
+#      layouts, and sampled at T = 1 after 1,600 (benchmarks/results/grpo_agent_procedural.md).
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -373,6 +373,11 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_1600:-}" ]; then
           --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_$total.jsonl" \
           --trajectories "$DIR/test_${total}_episodes_$seed.jsonl"
     done
+    if [ ! -f "$DIR/test_200_t1_episodes_$seed.jsonl" ]; then  # sampled at T = 1, as part 11 (session 39: seed 2)
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+          --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_200_t1.jsonl" \
+          --trajectories "$DIR/test_200_t1_episodes_$seed.jsonl"
+    fi
   done
   for total in 100 200; do
     if [ -f "$DIR/test_$total.jsonl" ]; then python benchmarks/zero_shot.py --table "$DIR/test_$total.jsonl"; fi
