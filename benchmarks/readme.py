@@ -247,12 +247,27 @@ def offline() -> str:
                               "is conditioned on R* = the dataset's best return. Sources: " + "; ".join(sources) + "."])
 
 
+def _jsonl_rows(name: str) -> list[dict]:
+    """The rows of benchmarks/results/NAME (one JSON object per line), or none if the file does not exist."""
+    path = RESULTS / name
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _mean_std_over_seeds(values: list[float]) -> str:
+    """A success rate's mean ± sample std (ddof = 1, in points) over seeds; one value alone; blank for none."""
+    if not values:
+        return ""
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.0%}"
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{mean:.0%} ± {std * 100:.0f} ({len(values)} seeds)"
+
+
 def babyai_shaping() -> str:
     """PPO on BabyAI GoToRedBall with and without potential-based shaping, per seed and mean ± std over seeds, from
     zero_shot.py's rows for each trained model (greedy, and sampled at the training temperature), on unseen episodes."""
-    def read(name):
-        path = RESULTS / name
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    read = _jsonl_rows
     cells: dict[tuple[str, int], dict[float, float]] = {}  # (training env id, seed) -> {temperature: success rate}
     for row in read("ppo_gae_agent_babyai_shaped.jsonl") + read("ppo_gae_agent_babyai_sampled.jsonl"):
         env_id, _, seed, _ = Path(row["settings"]["model"]).parent.name.split("__")  # run_name of the trained model
@@ -260,15 +275,7 @@ def babyai_shaping() -> str:
     if not cells:
         return "Not measured yet (`BABYAI_SHAPED=1 bash benchmarks/ppo_gae_agent.sh`)."
     temperatures = sorted({t for c in cells.values() for t in c})
-
-    def fmt(values: list[float]) -> str:
-        if not values:
-            return ""
-        mean = sum(values) / len(values)
-        if len(values) == 1:
-            return f"{mean:.0%}"
-        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5  # over seeds, ddof = 1
-        return f"{mean:.0%} ± {std * 100:.0f} ({len(values)} seeds)"
+    fmt = _mean_std_over_seeds
     heads = ["greedy" if t == 0 else f"sampled, T = {t:g}" for t in temperatures]
     lines = ["| trained on | seed | " + " | ".join(heads) + " |", "|" + " --- |" * (2 + len(heads))]
     for env_id in sorted({e for e, _ in cells}, key=lambda e: not e.endswith("-shaped")):
@@ -290,6 +297,69 @@ def babyai_shaping() -> str:
             f"leaves the goal rate's meaning unchanged.{rnd} Source: `BABYAI_SHAPED=1 bash benchmarks/ppo_gae_agent.sh` "
             "(part 14), [ppo_gae_agent_babyai.md](benchmarks/results/ppo_gae_agent_babyai.md).")
     return "\n".join([*lines, "", note])
+
+
+# ppo_gae_agent.py on procedural GridWorld (benchmarks/ppo_gae_agent.sh): results file, what was trained, evaluation
+# temperature, the training episodes behind the 1st, 2nd, ... held-out test of the same model (part 9 tests seed 1
+# after 400 episodes and again after 800, into one file), and the script's switch for that part.
+PROCEDURAL_PPO = [
+    ("ppo_gae_agent_procedural_relative.jsonl", "`gridworld-procedural-relative` (unshaped)", 0.0, [400],
+     "PROCEDURAL_RELATIVE (part 8)"),
+    ("ppo_gae_agent_procedural_shaped.jsonl", "`-shaped`", 0.0, [400, 800], "PROCEDURAL_SHAPED (part 9)"),
+    ("ppo_gae_agent_procedural_shaped_blocked.jsonl", "`-shaped-blocked` (a blocked move costs as much as a step away)",
+     0.0, [400], "PROCEDURAL_SHAPED_BLOCKED (part 12)"),
+    ("ppo_gae_agent_procedural_shaped_t1.jsonl", "`-shaped`, rollouts at T = 1 instead of 2", 0.0, [400],
+     "PROCEDURAL_SHAPED_T1 (part 13)"),
+    ("ppo_gae_agent_procedural_shaped_ent05.jsonl", "`-shaped`, `--ent-coef 0.05`", 0.0, [400],
+     "PROCEDURAL_SHAPED_ENT (part 10)"),
+    ("ppo_gae_agent_procedural_shaped_ent05.jsonl", "`-shaped`, `--ent-coef 0.05`", 1.0, [400],
+     "PROCEDURAL_SHAPED_ENT (part 10)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_100.jsonl", "`-shaped`, `--ent-coef 0.05`, the same runs continued", 0.0,
+     [800], "PROCEDURAL_SHAPED_ENT_LONG (part 11)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_100_t1.jsonl", "`-shaped`, `--ent-coef 0.05`, the same runs continued", 1.0,
+     [800], "PROCEDURAL_SHAPED_ENT_LONG (part 11)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_1600_at800.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 0.0, [800],
+     "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_1600.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 0.0, [1600],
+     "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_1600_t1.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 1.0, [1600],
+     "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
+]
+
+
+def ppo_procedural() -> str:
+    """Issue 9's held-out target: ppo_gae_agent.py's goal rate on the 50 held-out test layouts of
+    gridworld-procedural-relative, per training setting, length and seed, from zero_shot.py's rows."""
+    lines = ["| trained on | episodes | evaluated | seed 1 | seed 2 | seed 3 | mean ± std | source |", "|" + " --- |" * 8]
+    for name, trained, temperature, episodes, switch in PROCEDURAL_PPO:
+        tests: dict[str, int] = {}  # model -> how many of its test rows at this temperature came before
+        by_length: dict[int, dict[int, float]] = {}  # training episodes -> {seed: success rate}
+        for row in _jsonl_rows(name):
+            settings = row["settings"]
+            if json.loads(settings["env_kwargs"] or "{}").get("split") != "test" or settings["temperature"] != temperature:
+                continue
+            n = tests[settings["model"]] = tests.get(settings["model"], -1) + 1
+            seed = re.search(r"__(\d+)__\d+/model$|seed(\d+)$", settings["model"].rstrip("/"))
+            if seed is None or n >= len(episodes):
+                raise SystemExit(f"{name}: no seed in the model path {settings['model']}, or more tests than {episodes}")
+            by_length.setdefault(episodes[n], {})[int(seed.group(1) or seed.group(2))] = row["success_rate"]
+        for length, seeds in sorted(by_length.items()):
+            cells = [f"{seeds[s]:.0%}" if s in seeds else "" for s in (1, 2, 3)]
+            evaluated = "greedy" if temperature == 0 else f"T = {temperature:g}"
+            variable, part = switch.split(" ", 1)
+            lines.append(f"| {trained} | {length:,} | {evaluated} | " + " | ".join(cells)
+                         + f" | {_mean_std_over_seeds(list(seeds.values()))} | `{variable}=1` {part} |")
+    untrained = next((r for r in _jsonl_rows("grpo_agent_procedural_relative.jsonl")
+                      if r["settings"]["model"] == "smollm2-135m"
+                      and json.loads(r["settings"]["env_kwargs"]) == {"split": "test"}), None)
+    before = f" The untrained model, greedy: {untrained['success_rate']:.0%}." if untrained else ""
+    return "\n".join([*lines, "", (
+        "Goal rate on the 50 held-out test layouts of `gridworld-procedural-relative` (never trained on), greedy or "
+        "sampled (`zero_shot.py --temperature T`), after training `ppo_gae_agent.py` (SmolLM2, choice mode, "
+        "`--learning-rate 1e-4 --num-episodes 8`, rollouts at T = 2 unless the row says, both CPU bf16 flags) on "
+        "the training layouts of the id shown (`-shaped`: `gridworld-procedural-relative-shaped`, potential-based "
+        f"shaping).{before} A blank cell was not measured. Source: `SWITCH=1 bash benchmarks/ppo_gae_agent.sh` with "
+        "the row's switch, details in [grpo_agent_procedural.md](benchmarks/results/grpo_agent_procedural.md).")])
 
 
 def tests_block() -> str:
@@ -318,7 +388,8 @@ def record_tests(log: str, commit: str = "", load: str = "otherwise idle") -> No
 
 BLOCKS = {"main-job": main_job, "three-way": three_way, "three-way-procedural": three_way_procedural,
           "three-way-babyai": three_way_babyai, "zero-shot": zero_shot, "performance": performance,
-          "memory": memory, "offline": offline, "babyai-shaping": babyai_shaping, "tests": tests_block}
+          "memory": memory, "offline": offline, "babyai-shaping": babyai_shaping,
+          "ppo-procedural": ppo_procedural, "tests": tests_block}
 
 
 def render(readme: str) -> str:

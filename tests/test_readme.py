@@ -77,3 +77,28 @@ def test_babyai_shaping_block_groups_rows_by_training_env_and_seed_and_spreads_o
     (tmp_path / "ppo_gae_agent_babyai_sampled.jsonl").unlink()
     only_greedy = readme.babyai_shaping().split("\n\n")[-1]
     assert "blank cell" not in only_greedy and "--temperature T" not in only_greedy
+
+
+def test_ppo_procedural_block_reads_repeated_tests_of_one_model_as_longer_training(tmp_path, monkeypatch):
+    """The k-th held-out test of the same model at one temperature is its k-th training length; train-split rows and
+    other temperatures stay out of the row; the seed comes from the run name (or a copied model's `seedN`)."""
+    monkeypatch.setattr(readme, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme, "PROCEDURAL_PPO", [("a.jsonl", "`-shaped`", 0.0, [400, 800], "SWITCH_A (part 1)"),
+                                                   ("a.jsonl", "`-shaped`", 1.0, [400], "SWITCH_A (part 1)")])
+
+    def row(model: str, split: str, temperature: float, success: float) -> str:
+        return json.dumps({"success_rate": success, "settings": {
+            "model": model, "temperature": temperature, "env_kwargs": json.dumps({"split": split})}})
+    one, two = "runs/x/gridworld-procedural-relative-shaped__e__1__17963/model", "runs/x/model_200_seed2"
+    (tmp_path / "a.jsonl").write_text("\n".join([
+        row(one, "test", 0.0, 0.60), row(one, "train", 0.0, 0.48), row(two, "test", 0.0, 0.20),
+        row(one, "test", 1.0, 0.50), row(one, "test", 0.0, 0.58)]) + "\n")
+    header, *rows = readme.markdown_tables(readme.ppo_procedural())[0]
+    assert header[:7] == ["trained on", "episodes", "evaluated", "seed 1", "seed 2", "seed 3", "mean ± std"]
+    assert rows == [["`-shaped`", "400", "greedy", "60%", "20%", "", "40% ± 28 (2 seeds)", "`SWITCH_A=1` (part 1)"],
+                    ["`-shaped`", "800", "greedy", "58%", "", "", "58%", "`SWITCH_A=1` (part 1)"],
+                    ["`-shaped`", "400", "T = 1", "50%", "", "", "50%", "`SWITCH_A=1` (part 1)"]]
+    with open(tmp_path / "a.jsonl", "a") as f:  # a third greedy test of seed 1: more tests than training lengths
+        f.write(row(one, "test", 0.0, 0.70) + "\n")
+    with pytest.raises(SystemExit, match="more tests than"):
+        readme.ppo_procedural()
