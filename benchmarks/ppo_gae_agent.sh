@@ -38,6 +38,7 @@
 #      (the control), seeds 1-3; greedy, and sampled at T = 2, on 50 unseen unshaped episodes (same file).
 #   15. PROCEDURAL_SHAPED_ENT_1600=1: part 10's setting trained to 800 and 1,600 episodes, greedy on the held-out test
 #      layouts, and sampled at T = 1 after 1,600 (benchmarks/results/grpo_agent_procedural.md).
+#   16. PROCEDURAL_SHAPED_ENT_2400=1 (after part 15): its runs continued to 2,400 episodes, tested the same way.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -381,6 +382,27 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_1600:-}" ]; then
   done
   for total in 100 200; do
     if [ -f "$DIR/test_$total.jsonl" ]; then python benchmarks/zero_shot.py --table "$DIR/test_$total.jsonl"; fi
+  done
+fi
+if [ -n "${PROCEDURAL_SHAPED_ENT_2400:-}" ]; then
+  # 16. Part 15's run directories continued to 300 iterations = 2,400 episodes (`--resume`, seeds in SEEDS_2400,
+  #     default 2: the one that reached 86% at 1,600), then the same greedy and T = 1 tests. Needs part 15's DIR.
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("1,600 episodes").
+  DIR="$OUT/proc_rel_ent05_1600"
+  for seed in ${SEEDS_2400:-2}; do
+    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_1600__${seed}__* | tail -1)
+    if [ ! -f "$DIR/test_300_episodes_$seed.jsonl" ]; then  # a step whose test file exists is skipped, as in part 15
+      timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations 300
+      python benchmarks/summarize_run.py "$RUN" --every 160
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+          --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_300.jsonl" \
+          --trajectories "$DIR/test_300_episodes_$seed.jsonl"
+    fi
+    if [ ! -f "$DIR/test_300_t1_episodes_$seed.jsonl" ]; then
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+          --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_300_t1.jsonl" \
+          --trajectories "$DIR/test_300_t1_episodes_$seed.jsonl"
+    fi
   done
 fi
 
