@@ -324,6 +324,10 @@ PROCEDURAL_PPO = [
      "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
     ("ppo_gae_agent_procedural_shaped_ent05_1600_t1.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 1.0, [1600],
      "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_2400.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 0.0, [2400],
+     "PROCEDURAL_SHAPED_ENT_2400 (part 16)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_2400_t1.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 1.0, [2400],
+     "PROCEDURAL_SHAPED_ENT_2400 (part 16)"),
 ]
 
 
