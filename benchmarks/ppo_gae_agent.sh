@@ -387,7 +387,7 @@ fi
 if [ -n "${PROCEDURAL_SHAPED_ENT_2400:-}" ]; then
   # 16. Part 15's run directories continued to 300 iterations = 2,400 episodes (`--resume`, seeds in SEEDS_2400,
   #     default 2: the one that reached 86% at 1,600), then the same greedy and T = 1 tests. Needs part 15's DIR.
-  #     Published in benchmarks/results/grpo_agent_procedural.md ("1,600 episodes").
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("2,400 episodes, seed 2").
   DIR="$OUT/proc_rel_ent05_1600"
   for seed in ${SEEDS_2400:-2}; do
     RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_1600__${seed}__* | tail -1)

@@ -125,11 +125,10 @@ def three_way_babyai() -> str:
 def zero_shot() -> str:
     """SmolLM2 before training on each environment family, from benchmarks/zero_shot.py's JSONL, beside the
     uniform-random policy on the environments with action names (zero_shot_random.jsonl)."""
-    def read(name):
-        return [json.loads(line) for line in (RESULTS / name).read_text().splitlines() if line.strip()]
-    latest = {(r["env_id"], r["settings"]["env_kwargs"], r["action_mode"]): r for r in read("zero_shot_families.jsonl")}
+    latest = {(r["env_id"], r["settings"]["env_kwargs"], r["action_mode"]): r
+              for r in _jsonl_rows("zero_shot_families.jsonl")}
     rows = list(latest.values())  # a rerun replaces a row
-    random_rows = {(r["env_id"], r["settings"]["env_kwargs"]): r for r in read("zero_shot_random.jsonl")}
+    random_rows = {(r["env_id"], r["settings"]["env_kwargs"]): r for r in _jsonl_rows("zero_shot_random.jsonl")}
     lines = ["| env id | env kwargs | action mode | episodes | success | mean return | invalid actions | "
              "random policy: success / mean return |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -267,15 +266,13 @@ def _mean_std_over_seeds(values: list[float]) -> str:
 def babyai_shaping() -> str:
     """PPO on BabyAI GoToRedBall with and without potential-based shaping, per seed and mean ± std over seeds, from
     zero_shot.py's rows for each trained model (greedy, and sampled at the training temperature), on unseen episodes."""
-    read = _jsonl_rows
     cells: dict[tuple[str, int], dict[float, float]] = {}  # (training env id, seed) -> {temperature: success rate}
-    for row in read("ppo_gae_agent_babyai_shaped.jsonl") + read("ppo_gae_agent_babyai_sampled.jsonl"):
+    for row in _jsonl_rows("ppo_gae_agent_babyai_shaped.jsonl") + _jsonl_rows("ppo_gae_agent_babyai_sampled.jsonl"):
         env_id, _, seed, _ = Path(row["settings"]["model"]).parent.name.split("__")  # run_name of the trained model
         cells.setdefault((env_id, int(seed)), {})[row["settings"]["temperature"]] = row["success_rate"]
     if not cells:
         return "Not measured yet (`BABYAI_SHAPED=1 bash benchmarks/ppo_gae_agent.sh`)."
     temperatures = sorted({t for c in cells.values() for t in c})
-    fmt = _mean_std_over_seeds
     heads = ["greedy" if t == 0 else f"sampled, T = {t:g}" for t in temperatures]
     lines = ["| trained on | seed | " + " | ".join(heads) + " |", "|" + " --- |" * (2 + len(heads))]
     for env_id in sorted({e for e, _ in cells}, key=lambda e: not e.endswith("-shaped")):
@@ -283,8 +280,9 @@ def babyai_shaping() -> str:
         lines += [f"| `{env_id}` | {s} | " + " | ".join(f"{cells[env_id, s][t]:.0%}" if t in cells[env_id, s] else ""
                                                          for t in temperatures) + " |" for s in seeds]
         lines.append(f"| `{env_id}` | **mean ± std** | " + " | ".join(
-            fmt([cells[env_id, s][t] for s in seeds if t in cells[env_id, s]]) for t in temperatures) + " |")
-    random = next((r for r in read("zero_shot_random.jsonl") if r["env_id"] == "babyai-gotoredball"
+            _mean_std_over_seeds([cells[env_id, s][t] for s in seeds if t in cells[env_id, s]])
+            for t in temperatures) + " |")
+    random = next((r for r in _jsonl_rows("zero_shot_random.jsonl") if r["env_id"] == "babyai-gotoredball"
                    and json.loads(r["settings"]["env_kwargs"] or "{}") == {"max_steps": 24}), None)
     rnd = f" A uniformly random action each step: {random['success_rate']:.0%}." if random else ""
     if any(len(c) < len(temperatures) for c in cells.values()):
@@ -302,6 +300,7 @@ def babyai_shaping() -> str:
 # ppo_gae_agent.py on procedural GridWorld (benchmarks/ppo_gae_agent.sh): results file, what was trained, evaluation
 # temperature, the training episodes behind the 1st, 2nd, ... held-out test of the same model (part 9 tests seed 1
 # after 400 episodes and again after 800, into one file), and the script's switch for that part.
+_ENT = "`-shaped`, `--ent-coef 0.05`"
 PROCEDURAL_PPO = [
     ("ppo_gae_agent_procedural_relative.jsonl", "`gridworld-procedural-relative` (unshaped)", 0.0, [400],
      "PROCEDURAL_RELATIVE (part 8)"),
@@ -310,24 +309,15 @@ PROCEDURAL_PPO = [
      0.0, [400], "PROCEDURAL_SHAPED_BLOCKED (part 12)"),
     ("ppo_gae_agent_procedural_shaped_t1.jsonl", "`-shaped`, rollouts at T = 1 instead of 2", 0.0, [400],
      "PROCEDURAL_SHAPED_T1 (part 13)"),
-    ("ppo_gae_agent_procedural_shaped_ent05.jsonl", "`-shaped`, `--ent-coef 0.05`", 0.0, [400],
-     "PROCEDURAL_SHAPED_ENT (part 10)"),
-    ("ppo_gae_agent_procedural_shaped_ent05.jsonl", "`-shaped`, `--ent-coef 0.05`", 1.0, [400],
-     "PROCEDURAL_SHAPED_ENT (part 10)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_100.jsonl", "`-shaped`, `--ent-coef 0.05`, the same runs continued", 0.0,
-     [800], "PROCEDURAL_SHAPED_ENT_LONG (part 11)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_100_t1.jsonl", "`-shaped`, `--ent-coef 0.05`, the same runs continued", 1.0,
-     [800], "PROCEDURAL_SHAPED_ENT_LONG (part 11)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_1600_at800.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 0.0, [800],
+    *[("ppo_gae_agent_procedural_shaped_ent05.jsonl", _ENT, temperature, [400], "PROCEDURAL_SHAPED_ENT (part 10)")
+      for temperature in (0.0, 1.0)],
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_100{suffix}.jsonl", f"{_ENT}, the same runs continued", temperature,
+       [800], "PROCEDURAL_SHAPED_ENT_LONG (part 11)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    ("ppo_gae_agent_procedural_shaped_ent05_1600_at800.jsonl", f"{_ENT}, new runs", 0.0, [800],
      "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_1600.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 0.0, [1600],
-     "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_1600_t1.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 1.0, [1600],
-     "PROCEDURAL_SHAPED_ENT_1600 (part 15)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_2400.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 0.0, [2400],
-     "PROCEDURAL_SHAPED_ENT_2400 (part 16)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_2400_t1.jsonl", "`-shaped`, `--ent-coef 0.05`, new runs", 1.0, [2400],
-     "PROCEDURAL_SHAPED_ENT_2400 (part 16)"),
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_{length}{suffix}.jsonl", f"{_ENT}, new runs", temperature, [length],
+       f"PROCEDURAL_SHAPED_ENT_{length} (part {part})")
+      for length, part in ((1600, 15), (2400, 16)) for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
