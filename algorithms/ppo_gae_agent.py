@@ -113,6 +113,8 @@ class Args:
     """AdamW learning rate of the LM(s) (seed 003 §2.4: 1e-6 to 1e-5)"""
     value_learning_rate: float = 1e-3
     """AdamW learning rate of the value head (zero-initialised)"""
+    anneal_lr: bool = False
+    """decay both learning rates linearly to 0 at --total-iterations (CleanRL's ppo.py; a resume may move the end)"""
     trainable_layers: int = 6
     """train the top N layers and the final norm (0 or >= layer count: all); with LoRA, the layers given adapters"""
     lora_r: int = 0
@@ -364,14 +366,12 @@ if __name__ == "__main__":
     dtype = torch.float32 if args.lora_r == 0 else None  # trained weights fp32 (bf16 rounds a 1e-5 step away)
     model, tokenizer = load_model(args.model, device, dtype, seed=args.seed)
     rank_seed = args.seed + 1000 * rank
-    sample_gen = torch.Generator(device=device).manual_seed(rank_seed)
-    py_rng = random.Random(rank_seed)
+    sample_gen, py_rng = torch.Generator(device=device).manual_seed(rank_seed), random.Random(rank_seed)
     num_layers = len(model.get_decoder().layers)
     model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha, args.gradient_checkpointing)
-    # the value head: V(s) = w . h(s) + b on the final hidden state, zero-initialised so that V starts at 0
     value_head = torch.nn.Linear(model.config.hidden_size, 1, device=device, dtype=torch.float32)
-    torch.nn.init.zeros_(value_head.weight)
-    torch.nn.init.zeros_(value_head.bias)
+    for p in value_head.parameters():  # V(s) = w . h(s) + b on the final hidden state, zero-initialised: V starts at 0
+        torch.nn.init.zeros_(p)
     critic = model
     if args.critic == "separate":
         critic = train_top_layers(load_model(args.model, device, dtype, seed=args.seed)[0], args.trainable_layers,
@@ -434,6 +434,8 @@ if __name__ == "__main__":
         run_eval(0)
     interrupt = GracefulInterrupt().start()  # Ctrl-C / SIGTERM: finish this iteration, save a checkpoint, exit
     for iteration in range(first_iteration, args.total_iterations + 1):
+        for group, lr in zip(optimizer.param_groups, (args.learning_rate, args.value_learning_rate)):  # --anneal-lr
+            group["lr"] = lr * (1.0 - (iteration - 1) / args.total_iterations if args.anneal_lr else 1.0)
         # ---- rollout: one episode per environment seed ----
         t0 = time.time()
         seeds = [(args.seed * 100_000 + iteration) * 1_000 + rank * args.num_episodes + i for i in range(args.num_episodes)]
@@ -554,7 +556,7 @@ if __name__ == "__main__":
             "diagnostics/bootstrap_fraction": len(cut) / n, "diagnostics/logprob_mismatch": mismatch,
             "diagnostics/logprob_mismatch_mean": mismatch_sum / max(mismatch_units, 1.0),
             "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
-            "diagnostics/grad_norm": grad_norm,
+            "diagnostics/grad_norm": grad_norm, "charts/learning_rate": optimizer.param_groups[0]["lr"],
             "perf/rollout_s": rollout_s, "perf/value_s": value_s, "perf/update_s": update_s, "perf/weight_sync_s": sync_s,
             "perf/rollout_tokens_per_s": sum(len(t.token_ids) for t in trajs) / rollout_s,
             "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,

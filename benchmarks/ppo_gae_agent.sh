@@ -39,6 +39,8 @@
 #   15. PROCEDURAL_SHAPED_ENT_1600=1: part 10's setting trained to 800 and 1,600 episodes, greedy on the held-out test
 #      layouts, and sampled at T = 1 after 1,600 (benchmarks/results/grpo_agent_procedural.md).
 #   16. PROCEDURAL_SHAPED_ENT_2400=1 (after part 15): its runs continued to 2,400 episodes, tested the same way.
+#   17. PROCEDURAL_SHAPED_ANNEAL=1: part 15's 1,600 episodes with the learning rates decayed linearly to 0
+#      (--anneal-lr), tested the same way.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -402,6 +404,37 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_2400:-}" ]; then
       timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
           --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_300_t1.jsonl" \
           --trajectories "$DIR/test_300_t1_episodes_$seed.jsonl"
+    fi
+  done
+fi
+if [ -n "${PROCEDURAL_SHAPED_ANNEAL:-}" ]; then
+  # 17. Part 15's command to 200 iterations in one go with --anneal-lr: both learning rates fall linearly from their
+  #     value at iteration 1 to 0 at iteration 200 (part 16: held-out success fell after 1,600 episodes while the
+  #     train layouts kept improving). Then part 15's greedy and T = 1 tests. A seed whose test file exists is skipped;
+  #     an interrupted run continues with `--resume` (the schedule is kept: --total-iterations stays 200).
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Learning rates annealed to 0").
+  DIR="$OUT/proc_rel_ent05_anneal"
+  for seed in ${SEEDS_ANNEAL:-1 3 2}; do
+    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_anneal__${seed}__* 2>/dev/null | tail -1 || true)
+    if [ ! -f "$DIR/test_200_episodes_$seed.jsonl" ]; then
+      if [ -z "$RUN" ]; then
+        timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+            --num-episodes 8 --total-iterations 200 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+            --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --anneal-lr \
+            --exp-name proc_rel_ent05_anneal --output-dir "$DIR"
+        RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_anneal__${seed}__* | tail -1)
+      else
+        timed python algorithms/ppo_gae_agent.py --resume "$RUN"
+      fi
+      python benchmarks/summarize_run.py "$RUN" --every 160
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+          --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_200.jsonl" \
+          --trajectories "$DIR/test_200_episodes_$seed.jsonl"
+    fi
+    if [ ! -f "$DIR/test_200_t1_episodes_$seed.jsonl" ]; then
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+          --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_200_t1.jsonl" \
+          --trajectories "$DIR/test_200_t1_episodes_$seed.jsonl"
     fi
   done
 fi
