@@ -222,6 +222,20 @@ def test_bf16_sampler_and_update_log_the_gap_and_keep_fp32_weights(tmp_path):
         assert [v for _, v in resumed[tag]] == pytest.approx([v for _, v in scalars[tag]], rel=1e-5, abs=1e-7), tag
 
 
+def test_anneal_lr_decays_the_rate_linearly_to_zero(tmp_path):
+    """`--anneal-lr`: iteration i of T steps at lr * (1 - (i - 1) / T), as read back from the optimizer and logged;
+    without the flag the rate stays where it was set."""
+    flags = ["--model", "tiny", "--total-iterations", "4", "--num-episodes", "2", "--eval-every", "0",
+             "--learning-rate", "2e-3"]
+    (tmp_path / "annealed").mkdir(), (tmp_path / "constant").mkdir()
+    annealed, _ = run_ppo(tmp_path / "annealed", *flags, "--anneal-lr")
+    constant, _ = run_ppo(tmp_path / "constant", *flags)
+    rates = {name: [v for _, v in read_scalars(d)["charts/learning_rate"]] for name, d in
+             (("annealed", annealed), ("constant", constant))}
+    assert rates["annealed"] == pytest.approx([2e-3, 1.5e-3, 1e-3, 0.5e-3]), rates
+    assert rates["constant"] == pytest.approx([2e-3] * 4), rates
+
+
 def test_bf16_sampler_is_not_for_fsdp():
     with pytest.raises(SystemExit, match="--rollout-dtype bfloat16 is a copy of whole weights"):
         ppo.validate_args(ppo.Args(fsdp=True, rollout_dtype="bfloat16"))
