@@ -51,6 +51,13 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
 fi
 mkdir -p "$OUT/memory"
 timed() { local t0=$SECONDS; "$@"; echo "$((SECONDS - t0)) s: $*" | tee -a "$OUT/wall_clock.txt"; }
+# Parts 15-17: MODEL at TEMPERATURE (0: greedy) on the unshaped id's 50 held-out test layouts, a row appended to
+# DIR/test_NAME.jsonl and the episodes in DIR/test_NAME_episodes_SEED.jsonl; skipped when that episodes file exists.
+heldout_test() {  # MODEL DIR NAME SEED TEMPERATURE
+  [ -f "$2/test_${3}_episodes_$4.jsonl" ] && return 0
+  timed python benchmarks/zero_shot.py --model "$1" --env-id gridworld-procedural-relative --env-kwargs '{"split": "test"}' \
+      --temperature "$5" --episodes 50 --output "$2/test_$3.jsonl" --trajectories "$2/test_${3}_episodes_$4.jsonl"
+}
 # Parts 4-7b were published with --micro-batch-size 4, the default until session 29 (now 1: part 7e). The update is the
 # same at any micro-batch size; the flag keeps their seconds and peak memory reproducible.
 MB4=(--micro-batch-size 4)
@@ -372,15 +379,9 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_1600:-}" ]; then
         timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations "$total"
       fi
       python benchmarks/summarize_run.py "$RUN" --every 160
-      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-          --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_$total.jsonl" \
-          --trajectories "$DIR/test_${total}_episodes_$seed.jsonl"
+      heldout_test "$RUN/model" "$DIR" "$total" "$seed" 0
     done
-    if [ ! -f "$DIR/test_200_t1_episodes_$seed.jsonl" ]; then  # sampled at T = 1, as part 11 (session 39: seed 2)
-      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-          --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_200_t1.jsonl" \
-          --trajectories "$DIR/test_200_t1_episodes_$seed.jsonl"
-    fi
+    heldout_test "$RUN/model" "$DIR" 200_t1 "$seed" 1  # sampled at T = 1, as part 11 (session 39: seed 2)
   done
   for total in 100 200; do
     if [ -f "$DIR/test_$total.jsonl" ]; then python benchmarks/zero_shot.py --table "$DIR/test_$total.jsonl"; fi
@@ -396,15 +397,9 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_2400:-}" ]; then
     if [ ! -f "$DIR/test_300_episodes_$seed.jsonl" ]; then  # a step whose test file exists is skipped, as in part 15
       timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations 300
       python benchmarks/summarize_run.py "$RUN" --every 160
-      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-          --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_300.jsonl" \
-          --trajectories "$DIR/test_300_episodes_$seed.jsonl"
     fi
-    if [ ! -f "$DIR/test_300_t1_episodes_$seed.jsonl" ]; then
-      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-          --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_300_t1.jsonl" \
-          --trajectories "$DIR/test_300_t1_episodes_$seed.jsonl"
-    fi
+    heldout_test "$RUN/model" "$DIR" 300 "$seed" 0
+    heldout_test "$RUN/model" "$DIR" 300_t1 "$seed" 1
   done
 fi
 if [ -n "${PROCEDURAL_SHAPED_ANNEAL:-}" ]; then
@@ -427,15 +422,9 @@ if [ -n "${PROCEDURAL_SHAPED_ANNEAL:-}" ]; then
         timed python algorithms/ppo_gae_agent.py --resume "$RUN"
       fi
       python benchmarks/summarize_run.py "$RUN" --every 160
-      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-          --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_200.jsonl" \
-          --trajectories "$DIR/test_200_episodes_$seed.jsonl"
     fi
-    if [ ! -f "$DIR/test_200_t1_episodes_$seed.jsonl" ]; then
-      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
-          --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_200_t1.jsonl" \
-          --trajectories "$DIR/test_200_t1_episodes_$seed.jsonl"
-    fi
+    heldout_test "$RUN/model" "$DIR" 200 "$seed" 0
+    heldout_test "$RUN/model" "$DIR" 200_t1 "$seed" 1
   done
 fi
 
