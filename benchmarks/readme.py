@@ -318,6 +318,8 @@ PROCEDURAL_PPO = [
     *[(f"ppo_gae_agent_procedural_shaped_ent05_{length}{suffix}.jsonl", f"{_ENT}, new runs", temperature, [length],
        f"PROCEDURAL_SHAPED_ENT_{length} (part {part})")
       for length, part in ((1600, 15), (2400, 16)) for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_anneal{suffix}.jsonl", f"{_ENT}, `--anneal-lr` (both rates decayed to 0)",
+       temperature, [1600], "PROCEDURAL_SHAPED_ANNEAL (part 17)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
