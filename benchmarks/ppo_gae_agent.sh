@@ -38,7 +38,8 @@
 #      (the control), seeds 1-3; greedy, and sampled at T = 2, on 50 unseen unshaped episodes (same file).
 #   15. PROCEDURAL_SHAPED_ENT_1600=1: part 10's setting trained to 800 and 1,600 episodes, greedy on the held-out test
 #      layouts, and sampled at T = 1 after 1,600 (benchmarks/results/grpo_agent_procedural.md).
-#   16. PROCEDURAL_SHAPED_ENT_2400=1 (after part 15): its runs continued to 2,400 episodes, tested the same way.
+#   16. PROCEDURAL_SHAPED_ENT_2400=1 (after part 15): its runs continued to 2,400 episodes, tested the same way; both
+#      lengths' policies also greedy on 50 unseen train-split layouts (a validation sample).
 #   17. PROCEDURAL_SHAPED_ANNEAL=1: part 15's 1,600 episodes with the learning rates decayed linearly to 0
 #      (--anneal-lr), tested the same way.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
@@ -395,11 +396,22 @@ if [ -n "${PROCEDURAL_SHAPED_ENT_2400:-}" ]; then
   for seed in ${SEEDS_2400:-2}; do
     RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_1600__${seed}__* | tail -1)
     if [ ! -f "$DIR/test_300_episodes_$seed.jsonl" ]; then  # a step whose test file exists is skipped, as in part 15
+      [ -d "$DIR/model_200_seed$seed" ] || cp -r "$RUN/model" "$DIR/model_200_seed$seed"  # the 1,600-episode policy
       timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations 300
       python benchmarks/summarize_run.py "$RUN" --every 160
     fi
     heldout_test "$RUN/model" "$DIR" 300 "$seed" 0
     heldout_test "$RUN/model" "$DIR" 300_t1 "$seed" 1
+    # both policies, 1,600 and 2,400 episodes, greedy on 50 *train-split* layouts never trained on (environment
+    # seeds 0-49): a second sample of layouts, to tell a decline from the test set's noise (session 41)
+    if [ ! -f "$DIR/validation_$seed.jsonl" ]; then  # rows collected in a .part file, renamed when both are in
+      rm -f "$DIR/validation_$seed.jsonl.part"
+      for m in "$DIR/model_200_seed$seed" "$RUN/model"; do
+        timed python benchmarks/zero_shot.py --model "$m" --env-id gridworld-procedural-relative \
+            --env-kwargs '{"split": "train"}' --temperature 0 --episodes 50 --output "$DIR/validation_$seed.jsonl.part"
+      done
+      mv "$DIR/validation_$seed.jsonl.part" "$DIR/validation_$seed.jsonl"
+    fi
   done
 fi
 if [ -n "${PROCEDURAL_SHAPED_ANNEAL:-}" ]; then
