@@ -42,6 +42,8 @@
 #      lengths' policies also greedy on 50 unseen train-split layouts (a validation sample).
 #   17. PROCEDURAL_SHAPED_ANNEAL=1: part 15's 1,600 episodes with the learning rates decayed linearly to 0
 #      (--anneal-lr), tested the same way.
+#   18. PROCEDURAL_SHAPED_TOP12=1: part 10's 400 episodes with the top 12 layers trained instead of 6, greedy on the
+#      held-out layouts.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -437,6 +439,30 @@ if [ -n "${PROCEDURAL_SHAPED_ANNEAL:-}" ]; then
     fi
     heldout_test "$RUN/model" "$DIR" 200 "$seed" 0
     heldout_test "$RUN/model" "$DIR" 200_t1 "$seed" 1
+  done
+fi
+if [ -n "${PROCEDURAL_SHAPED_TOP12:-}" ]; then
+  # 18. Part 10's command (400 episodes, --ent-coef 0.05) with --trainable-layers 12: every greedy failure so far
+  #     repeats a move the observation lists as blocked (47% of seed 1's greedy moves in part 17), a rule that reads
+  #     one line of the text; twice the trained depth tests whether the top 6 layers are too few to learn it. Seeds
+  #     in SEEDS_TOP12 (default 1 2 3); a seed whose test file exists is skipped, an interrupted run is resumed.
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Twelve trained layers").
+  DIR="$OUT/proc_rel_ent05_top12"
+  for seed in ${SEEDS_TOP12:-1 2 3}; do
+    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12__${seed}__* 2>/dev/null | tail -1 || true)
+    if [ ! -f "$DIR/test_50_episodes_$seed.jsonl" ]; then
+      if [ -z "$RUN" ]; then
+        timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+            --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+            --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
+            --exp-name proc_rel_ent05_top12 --output-dir "$DIR"
+        RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12__${seed}__* | tail -1)
+      else
+        timed python algorithms/ppo_gae_agent.py --resume "$RUN"
+      fi
+      python benchmarks/summarize_run.py "$RUN" --every 80
+    fi
+    heldout_test "$RUN/model" "$DIR" 50 "$seed" 0
   done
 fi
 
