@@ -320,6 +320,8 @@ PROCEDURAL_PPO = [
       for length, part in ((1600, 15), (2400, 16)) for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
     *[(f"ppo_gae_agent_procedural_shaped_ent05_anneal{suffix}.jsonl", f"{_ENT}, `--anneal-lr` (both rates decayed to 0)",
        temperature, [1600], "PROCEDURAL_SHAPED_ANNEAL (part 17)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    ("ppo_gae_agent_procedural_shaped_ent05_top12.jsonl", f"{_ENT}, top 12 layers trained (`--trainable-layers 12`)", 0.0,
+     [400], "PROCEDURAL_SHAPED_TOP12 (part 18)"),
 ]
 
 
