@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import envs
+from common.checkpoint import load_checkpoint
 from common.records import Trajectory, Turn
 from common.rollout import RolloutConfig, RolloutEngine
 from common.tracking import read_scalars
@@ -224,9 +225,10 @@ def test_bf16_sampler_and_update_log_the_gap_and_keep_fp32_weights(tmp_path):
 
 def test_anneal_lr_decays_the_rate_linearly_to_zero(tmp_path):
     """`--anneal-lr`: iteration i of T steps at lr * (1 - (i - 1) / T), as read back from the optimizer and logged;
-    without the flag the rate stays where it was set."""
+    without the flag the rate stays where it was set. The value head's group (not logged) follows the same schedule
+    from its own rate: its last-iteration value is read from the checkpoint's optimizer state."""
     flags = ["--model", "tiny", "--total-iterations", "4", "--num-episodes", "2", "--eval-every", "0",
-             "--learning-rate", "2e-3"]
+             "--learning-rate", "2e-3", "--value-learning-rate", "4e-3", "--checkpoint-every", "4"]
     (tmp_path / "annealed").mkdir(), (tmp_path / "constant").mkdir()
     annealed, _ = run_ppo(tmp_path / "annealed", *flags, "--anneal-lr")
     constant, _ = run_ppo(tmp_path / "constant", *flags)
@@ -234,6 +236,10 @@ def test_anneal_lr_decays_the_rate_linearly_to_zero(tmp_path):
              (("annealed", annealed), ("constant", constant))}
     assert rates["annealed"] == pytest.approx([2e-3, 1.5e-3, 1e-3, 0.5e-3]), rates
     assert rates["constant"] == pytest.approx([2e-3] * 4), rates
+    last = {name: [g["lr"] for g in load_checkpoint(d)["optimizer"]["param_groups"]] for name, d in
+            (("annealed", annealed), ("constant", constant))}
+    assert last["annealed"] == pytest.approx([0.5e-3, 1e-3]), last  # (LM group, value head group) at iteration 4
+    assert last["constant"] == pytest.approx([2e-3, 4e-3]), last
 
 
 def test_bf16_sampler_is_not_for_fsdp():
