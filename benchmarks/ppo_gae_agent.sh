@@ -465,6 +465,24 @@ if [ -n "${PROCEDURAL_SHAPED_TOP12:-}" ]; then
     heldout_test "$RUN/model" "$DIR" 50 "$seed" 0
   done
 fi
+if [ -n "${PROCEDURAL_SHAPED_TOP12_1600:-}" ]; then
+  # 19. Part 18's run directories (12 trained layers, 400 episodes) continued with `--resume` to 100 and then 200
+  #     iterations = 800 and 1,600 episodes, part 15's length, with part 15's greedy tests at each and the T = 1 test
+  #     at 1,600. Needs part 18's DIR; seeds in SEEDS_TOP12_1600 (default 1 2 3). A step whose test file exists is
+  #     skipped; an interrupted run continues (the loop body, run again, picks up where it stopped).
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Twelve trained layers, 1,600 episodes").
+  DIR="$OUT/proc_rel_ent05_top12"
+  for seed in ${SEEDS_TOP12_1600:-1 2 3}; do
+    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12__${seed}__* | tail -1)
+    for total in 100 200; do
+      [ -f "$DIR/test_${total}_episodes_$seed.jsonl" ] && continue
+      timed python algorithms/ppo_gae_agent.py --resume "$RUN" --total-iterations "$total"
+      python benchmarks/summarize_run.py "$RUN" --every 160
+      heldout_test "$RUN/model" "$DIR" "$total" "$seed" 0
+    done
+    heldout_test "$RUN/model" "$DIR" 200_t1 "$seed" 1
+  done
+fi
 
 python benchmarks/plot.py "$OUT" --tags charts/success_rate charts/episodic_return losses/entropy \
     diagnostics/explained_variance perf/rollout_s perf/update_s --x-axes episodes wall --output "$OUT/results"
