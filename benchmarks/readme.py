@@ -322,6 +322,9 @@ PROCEDURAL_PPO = [
        temperature, [1600], "PROCEDURAL_SHAPED_ANNEAL (part 17)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
     ("ppo_gae_agent_procedural_shaped_ent05_top12.jsonl", f"{_ENT}, top 12 layers trained (`--trainable-layers 12`)", 0.0,
      [400], "PROCEDURAL_SHAPED_TOP12 (part 18)"),
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_{name}.jsonl", f"{_ENT}, top 12 layers, the same runs continued",
+       temperature, [length], "PROCEDURAL_SHAPED_TOP12_1600 (part 19)")
+      for name, temperature, length in (("at800", 0.0, 800), ("1600", 0.0, 1600), ("1600_t1", 1.0, 1600))],
 ]
 
 
