@@ -470,7 +470,7 @@ if [ -n "${PROCEDURAL_SHAPED_TOP12_1600:-}" ]; then
   #     iterations = 800 and 1,600 episodes, part 15's length, with part 15's greedy tests at each and the T = 1 test
   #     at 1,600. Needs part 18's DIR; seeds in SEEDS_TOP12_1600 (default 1 2 3). A step whose test file exists is
   #     skipped; an interrupted run continues (the loop body, run again, picks up where it stopped).
-  #     Published in benchmarks/results/grpo_agent_procedural.md ("Twelve trained layers, 1,600 episodes").
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Twelve trained layers, longer").
   DIR="$OUT/proc_rel_ent05_top12"
   for seed in ${SEEDS_TOP12_1600:-1 2 3}; do
     RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12__${seed}__* | tail -1)
