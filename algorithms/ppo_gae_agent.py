@@ -38,8 +38,7 @@ Where this departs from the paper / seed:
   logged before the first optimizer step); V_old comes from one no-grad pass before the update.
 - `--lora-r R`: LoRA adapters (Hu et al. 2021) on the top --trainable-layers layers; the reference is the
   policy with adapters off. CUDA: trained weights fp32, forwards under bf16 autocast (a LoRA base in bf16).
-- CPU bf16 by flag (docs/ppo_gae_agent.md): `--rollout-dtype bfloat16` samples with a bf16 copy of the policy (pi_old
-  is the copy's: the gap is logged), `--update-dtype bfloat16` runs V_old, pi_ref and the update under bf16 autocast.
+- `--rollout-dtype bfloat16` (CPU): pi_old is the bf16 sampling copy's log-prob; the trainer/sampler gap is logged.
 - Defaults follow seed 003 §2.4 where it gives ranges (lr 1e-5, KL 0.01, clip 0.2, lambda 0.95); its
   "rollout batch 128-1024" is read as environment steps: 16 episodes of up to 20 steps.
 """
@@ -68,7 +67,7 @@ from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, fini
 from common.models import (adapter_disabled, autocast, load_model, parameter_counts, refresh_sampling_copy, resolve_device,
                            sampling_copy, save_model, train_top_layers)
 from common.records import Trajectory
-from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
+from common.rollout import RolloutConfig, RolloutEngine, behavior_units, check_env, policy_logprobs
 from common.tracking import Tracker, make_run_name
 
 
@@ -107,6 +106,9 @@ class Args:
     """`choice`: a distribution over the environment's action names (GLAM/TWOSOME); `free`: generated text"""
     choice_token_norm: bool = True
     """TWOSOME normalisation: divide an action's log-prob by its token count (matters for multi-token names)"""
+    mask_illegal_actions: bool = False
+    """choice mode: sample and train only over the environment's legal_actions() (Huang & Ontañón 2022's invalid-action
+    masking; GridWorld: the moves no wall or edge blocks)"""
     critic: Literal["shared", "separate"] = "shared"
     """`shared`: the value head sits on the policy LM; `separate`: on a second LM (2x memory; with LoRA, its own adapter)"""
     learning_rate: float = 1e-5
@@ -355,12 +357,10 @@ if __name__ == "__main__":
         raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration {done} already")
     env_kwargs = {"max_steps": args.max_episode_steps} if args.max_episode_steps else {}
     make_env = lambda: envs.make(args.env_id, **env_kwargs)  # noqa: E731
-    try:
-        probe_env = make_env()  # fail fast on a bad --env-id (or --max-episode-steps), before loading a model
+    try:  # fail fast on a bad --env-id (or --max-episode-steps), or one the engine cannot act on, before loading a model
+        check_env(make_env(), args.action_mode, args.mask_illegal_actions)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"{'--max-episode-steps' if env_kwargs and isinstance(e, TypeError) else '--env-id'}: {e}")
-    if args.action_mode == "choice" and not getattr(probe_env, "action_names", None):
-        raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
 
     seed_everything(args.seed, args.torch_deterministic)
     dtype = torch.float32 if args.lora_r == 0 else None  # trained weights fp32 (bf16 rounds a 1e-5 step away)
@@ -400,7 +400,8 @@ if __name__ == "__main__":
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
     engine = RolloutEngine(sampling_copy(model, args.rollout_dtype), tokenizer, RolloutConfig(  # or a bf16 copy
         action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p, max_turn_tokens=args.max_turn_tokens,
-        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm), record_layer_inputs=frozen_below,
+        max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm,
+        mask_illegal_actions=args.mask_illegal_actions), record_layer_inputs=frozen_below,
         record_final_observation=frozen_below is not None and args.bootstrap_truncated)  # V(s_T) without a full forward
     level = "turn" if args.action_mode == "choice" else args.gae_level  # choice mode: one unit per turn anyway
 
@@ -410,8 +411,7 @@ if __name__ == "__main__":
             dist.all_reduce(p.grad)
             p.grad /= args.world_size
 
-    def critic_values(sub, pos, trunk_args):
-        """V at `pos` only: scored as if free mode (the head runs at the action tokens, no per-candidate tree)."""
+    def critic_values(sub, pos, trunk_args):  # V at `pos` only: scored as free mode (no per-candidate tree)
         return units_and_values(critic, value_head, sub, pos, "free", 1.0, False, trunk_args)[1]
 
     episodes_seen, first_iteration, start = 0, 1, time.time()
@@ -524,8 +524,7 @@ if __name__ == "__main__":
                     w, s = units.logprobs.shape[1], vals.shape[1]
                     if not stepped:  # the sampler's weights: equal log-probs in fp32, bf16 rounding with the flags
                         gap = (units.logprobs.detach() - old_logp[c, :w]).abs() * unit_mask[c, :w]
-                        mismatch = max(mismatch, gap.max().item())
-                        mismatch_sum += gap.sum().item()
+                        mismatch, mismatch_sum = max(mismatch, gap.max().item()), mismatch_sum + gap.sum().item()
                         mismatch_units += unit_mask[c, :w].sum().item()
                     loss, st = ppo_loss(units.logprobs, old_logp[c, :w], ref_logp[c, :w], advantages[c, :w],
                                         unit_mask[c, :w], units.entropy, vals, old_values[c, :s], returns[c, :s],

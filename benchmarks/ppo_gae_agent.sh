@@ -44,6 +44,9 @@
 #      (--anneal-lr), tested the same way.
 #   18. PROCEDURAL_SHAPED_TOP12=1: part 10's 400 episodes with the top 12 layers trained instead of 6, greedy on the
 #      held-out layouts.
+#   19. PROCEDURAL_SHAPED_TOP12_1600=1 (after part 18): its runs continued to 800 and 1,600 episodes, tested the same way.
+#   20. PROCEDURAL_SHAPED_MASKED=1: part 18 with invalid-action masking (--mask-illegal-actions: only moves no wall or
+#      edge blocks), trained and tested so.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -56,10 +59,11 @@ mkdir -p "$OUT/memory"
 timed() { local t0=$SECONDS; "$@"; echo "$((SECONDS - t0)) s: $*" | tee -a "$OUT/wall_clock.txt"; }
 # Parts 15-17: MODEL at TEMPERATURE (0: greedy) on the unshaped id's 50 held-out test layouts, a row appended to
 # DIR/test_NAME.jsonl and the episodes in DIR/test_NAME_episodes_SEED.jsonl; skipped when that episodes file exists.
-heldout_test() {  # MODEL DIR NAME SEED TEMPERATURE
+# Further arguments go to zero_shot.py (part 20: --mask-illegal-actions).
+heldout_test() {  # MODEL DIR NAME SEED TEMPERATURE [FLAGS...]
   [ -f "$2/test_${3}_episodes_$4.jsonl" ] && return 0
   timed python benchmarks/zero_shot.py --model "$1" --env-id gridworld-procedural-relative --env-kwargs '{"split": "test"}' \
-      --temperature "$5" --episodes 50 --output "$2/test_$3.jsonl" --trajectories "$2/test_${3}_episodes_$4.jsonl"
+      --temperature "$5" --episodes 50 --output "$2/test_$3.jsonl" --trajectories "$2/test_${3}_episodes_$4.jsonl" "${@:6}"
 }
 # Parts 4-7b were published with --micro-batch-size 4, the default until session 29 (now 1: part 7e). The update is the
 # same at any micro-batch size; the flag keeps their seconds and peak memory reproducible.
@@ -481,6 +485,31 @@ if [ -n "${PROCEDURAL_SHAPED_TOP12_1600:-}" ]; then
       heldout_test "$RUN/model" "$DIR" "$total" "$seed" 0
     done
     heldout_test "$RUN/model" "$DIR" 200_t1 "$seed" 1
+  done
+fi
+if [ -n "${PROCEDURAL_SHAPED_MASKED:-}" ]; then
+  # 20. Part 18's command with invalid-action masking (Huang & Ontañón 2022): the policy samples, and is trained,
+  #     only over the moves no wall or edge blocks (the ones the observation does not list as blocked), and is tested
+  #     so. Repeating a blocked move was the largest greedy failure class (parts 10-18), here removed by construction:
+  #     a different action space, published as its own row, not as the unmasked target. Seeds in SEEDS_MASKED
+  #     (default 1 2 3); a seed whose test file exists is skipped, an interrupted run is resumed.
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Invalid-action masking").
+  DIR="$OUT/proc_rel_ent05_top12_masked"
+  for seed in ${SEEDS_MASKED:-1 2 3}; do
+    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12_masked__${seed}__* 2>/dev/null | tail -1 || true)
+    if [ ! -f "$DIR/test_50_episodes_$seed.jsonl" ]; then
+      if [ -z "$RUN" ]; then
+        timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+            --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+            --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
+            --mask-illegal-actions --exp-name proc_rel_ent05_top12_masked --output-dir "$DIR"
+        RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12_masked__${seed}__* | tail -1)
+      else
+        timed python algorithms/ppo_gae_agent.py --resume "$RUN"
+      fi
+      python benchmarks/summarize_run.py "$RUN" --every 80
+    fi
+    heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
   done
 fi
 

@@ -44,6 +44,9 @@ class Args:
     """keyword arguments for `envs.make`, as JSON (e.g. '{"level": 2}')"""
     action_mode: Literal["free", "choice"] = "choice"
     """`choice` (distribution over action names) or `free` (generated text)"""
+    mask_illegal_actions: bool = False
+    """choice mode: choose only among the environment's legal_actions() (invalid-action masking), as a policy
+    trained with ppo_gae_agent.py --mask-illegal-actions acts; with `--model random`, uniform over them"""
     episodes: int = 50
     """number of episodes"""
     batch_size: int = 25
@@ -86,7 +89,8 @@ def random_policy_episodes(args: Args, env_kwargs: dict):
         env.reset(seed=args.seed * 100_000 + i)
         ret, done, info, steps = 0.0, False, {}, 0
         while not done:
-            _, reward, terminated, truncated, info = env.step(int(rng.integers(len(env.action_names))))
+            legal = (env.legal_actions() if args.mask_illegal_actions else None) or range(len(env.action_names))
+            _, reward, terminated, truncated, info = env.step(int(rng.choice(list(legal))))
             ret, steps, done = ret + reward, steps + 1, terminated or truncated
         returns.append(ret)
         successes.append(info.get("termination") == "success")  # what the rollout engine records as success
@@ -117,7 +121,8 @@ def markdown_table(path: str) -> str:
         load = f"{r['load_average_1min']:.1f}" if "load_average_1min" in r else "not recorded"
         tokens_per_s = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else ""  # blank: no LM (`--model random`)
         lines.append((f"| `{s['model']}` | {s['temperature']} " if mixed else "") +
-                     f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']} | {s['episodes']} | "
+                     f"| `{r['env_id']}` | `{s['env_kwargs']}` | {r['action_mode']}"
+                     f"{' (legal only)' if s.get('mask_illegal_actions') else ''} | {s['episodes']} | "
                      f"{r['success_rate']:.2f} | {r['episodic_return']:+.2f} | {r['invalid_action_rate']:.2f} | "
                      f"{near_optimal_cell(r)} | {r['episode_length']:.1f} | {tokens_per_s} | {load} | {r['commit']} |")
     machines = sorted({r["machine"] for r in rows})
@@ -136,6 +141,8 @@ if __name__ == "__main__":
     if args.table:
         print(markdown_table(args.table), end="")
         sys.exit(0)
+    if args.mask_illegal_actions and args.action_mode != "choice":
+        raise SystemExit("--mask-illegal-actions masks action names: it needs --action-mode choice")
     if args.trajectories and args.model == "random":
         raise SystemExit("--trajectories: `--model random` plays without the rollout engine and keeps no records")
     env_kwargs = json.loads(args.env_kwargs)
@@ -151,7 +158,8 @@ if __name__ == "__main__":
         model, tok = load_model(args.model, device, seed=args.seed)
         engine = RolloutEngine(model, tok, RolloutConfig(action_mode=args.action_mode, temperature=args.temperature,
                                                          max_turn_tokens=args.max_turn_tokens,
-                                                         max_total_tokens=args.max_total_tokens))
+                                                         max_total_tokens=args.max_total_tokens,
+                                                         mask_illegal_actions=args.mask_illegal_actions))
         generator = torch.Generator(device=device).manual_seed(args.seed)
         near_optimal = []
         for first in range(0, args.episodes, args.batch_size):

@@ -45,6 +45,8 @@ class ChoiceStep:
     candidates: list[list[int]]  # token ids of every action name, in env.action_names order
     chosen: int  # index of the chosen action
     logprob: float  # behaviour log-prob of the chosen action, normalised over candidates
+    # indices of the candidates the policy could choose (invalid-action masking, env.legal_actions()); None = all
+    legal: list[int] | None = None
 
 
 @dataclass
@@ -114,6 +116,9 @@ class Trajectory:
             where = f"choice_steps[{k}]"
             if not 0 <= step.chosen < len(step.candidates):
                 raise ValueError(f"{where}.chosen = {step.chosen} out of range")
+            if step.legal is not None and (step.chosen not in step.legal or
+                                           not all(0 <= k < len(step.candidates) for k in step.legal)):
+                raise ValueError(f"{where}: chosen {step.chosen} not among the legal candidates {step.legal}")
             ids = list(step.candidates[step.chosen])
             start, end = step.position, step.position + len(ids)
             if not (0 <= start and end <= n):

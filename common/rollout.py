@@ -9,7 +9,9 @@
   * `free` mode samples up to `max_turn_tokens` per turn (temperature / top-p), stopping each row at EOS;
     `choice` mode scores every action name of the environment in one batched step on top of the cache
     (GLAM, Carta et al. 2023; TWOSOME's token-count normalisation optional, Tan et al. 2024) and samples
-    an action from that distribution, so it is never invalid;
+    an action from that distribution, so it is never invalid; with `mask_illegal_actions` only among the
+    environment's `legal_actions()` (invalid-action masking, Huang & Ontañón 2022), recorded per step so that
+    `policy_logprobs` applies the same mask;
   * the first prompts' longest common prefix (a group's whole prompt, or a shared system prompt) is prefilled
     once and its cache rows repeated, so G episodes of one task cost one prompt prefill, not G;
   * finished episodes leave the batch (their cache rows are dropped);
@@ -57,11 +59,44 @@ class RolloutConfig:
     max_turn_tokens: int = 16  # per-turn cap on sampled tokens (free mode)
     max_total_tokens: int = 4096  # per-episode cap on the whole sequence; hitting it ends the episode as truncated
     choice_token_norm: bool = False  # TWOSOME: divide each action's log-prob by its token count
+    # choice mode: sample only among env.legal_actions() (invalid-action masking; an env must list them); each
+    # ChoiceStep records them
+    mask_illegal_actions: bool = False
     env_workers: int = 8  # threads stepping a batch's environments at once when they set `parallel_step`
     share_prompt_prefix: bool = True  # prefill the first prompts' common prefix once (a GRPO group: the whole prompt)
     top_k: int = 0  # free mode: sample among the k most likely tokens only (0: all)
     input_major_weights: bool = True  # CPU: Linear weights input-major while decoding (`decode_weight_layout`)
     transposed_keys: bool = True  # CPU: keys cached as [B, H, D, T], attended by `decode_attention` instead of SDPA
+
+
+def mask_illegal(logits: torch.Tensor, legal: list[list[int] | None]) -> torch.Tensor:
+    """Invalid-action masking (Huang & Ontañón 2022): row r's candidates outside legal[r] get the dtype's minimum
+    (not -inf: their p log p stays 0 and every gradient finite), so a softmax gives them probability 0 and the
+    policy gradient flows only through the legal ones. legal[r] None masks nothing in row r."""
+    if all(keep is None for keep in legal):
+        return logits
+    illegal = torch.zeros(logits.shape, dtype=torch.bool)
+    for row, keep in enumerate(legal):
+        if keep is not None:
+            illegal[row] = True
+            illegal[row, keep] = False
+    return logits.masked_fill(illegal.to(logits.device), torch.finfo(logits.dtype).min)
+
+
+def check_env(env, action_mode: str, mask_illegal_actions: bool = False) -> None:
+    """Raise ValueError if the engine cannot act on `env` so (a script calls it on a probe before loading a model):
+    choice mode needs action names; `mask_illegal_actions`, choice mode and a `legal_actions()` that lists them (asked
+    after a reset to seed 0)."""
+    if action_mode == "choice" and not getattr(env, "action_names", None):
+        raise ValueError(f"choice mode (--action-mode choice) needs an environment with action_names; "
+                         f"{type(env).__name__} has none")
+    if mask_illegal_actions:
+        if action_mode != "choice":
+            raise ValueError("invalid-action masking (--mask-illegal-actions) masks action names: it needs choice mode")
+        env.reset(seed=0)
+        if not callable(getattr(env, "legal_actions", None)) or env.legal_actions() is None:
+            raise ValueError(f"invalid-action masking (--mask-illegal-actions) needs an environment whose "
+                             f"legal_actions() lists them; {type(env).__name__} does not")
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float, generator=None, top_k: int = 0):
@@ -491,6 +526,16 @@ class RolloutEngine:
             raise ValueError("choice mode needs an environment with action_names")
         return [self.chat.encode(name) for name in env.action_names]
 
+    def legal_candidates(self, env) -> list[int] | None:
+        """env.legal_actions() under `mask_illegal_actions` (else None: every action), checked."""
+        if not self.config.mask_illegal_actions:
+            return None
+        legal = env.legal_actions()
+        if not legal or not all(0 <= k < len(env.action_names) for k in legal):
+            raise ValueError(f"{type(env).__name__}.legal_actions() returned {legal!r}: expected a non-empty list of "
+                             f"indices into its {len(env.action_names)} action names")
+        return sorted({int(k) for k in legal})
+
     # -- the KV cache ----------------------------------------------------------------------------------
     def _feed(self, segments: list[list[int]], rows: list[_Episode]) -> torch.Tensor:
         """Append each row's segment to the batch's cache; return logits at each row's last token."""
@@ -569,7 +614,8 @@ class RolloutEngine:
         if branch_log:  # [rows, branch tokens, hidden]: every multi-token candidate's tokens 1..m-1, in order
             for row, ep in enumerate(episodes):
                 ep.branch_inputs.append(torch.cat([x[row] for x in branch_log]))
-        action_logp = F.log_softmax(scores / (cfg.temperature or 1.0), -1)
+        legal = [self.legal_candidates(ep.env) for ep in episodes]
+        action_logp = F.log_softmax(mask_illegal(scores / (cfg.temperature or 1.0), legal), -1)
         if cfg.temperature == 0:
             chosen = action_logp.argmax(-1)
         else:
@@ -583,7 +629,7 @@ class RolloutEngine:
             # log-prob (normalised over the candidates) in ChoiceStep is what enters the loss
             first_lp = [float(token_logp[row, ids[0]])] + [0.0] * (len(ids) - 1)
             ep.choice_steps.append(ChoiceStep(position=len(ep.token_ids), candidates=candidates, chosen=k,
-                                              logprob=float(action_logp[row, k])))
+                                              logprob=float(action_logp[row, k]), legal=legal[row]))
             ep.append(ids, 1, first_lp)
             actions.append(k)
             texts.append(ep.env.action_names[k])
@@ -603,6 +649,7 @@ class RolloutEngine:
         self._recording = self.record_layer_inputs is not None
         self.kv = KVBatch(self.model, self.pad_id)
         max_action = cfg.max_turn_tokens
+        check_env(envs[0], cfg.action_mode, cfg.mask_illegal_actions)
         if cfg.action_mode == "choice":
             max_action = max(len(c) for c in self.action_candidates(envs[0]))
         episodes = start_episodes(envs, seeds, env_id, self.chat, max_action, cfg.max_total_tokens)
@@ -802,7 +849,8 @@ def policy_logprobs(model, trajs: list[Trajectory], action_mode: str, temperatur
                 scores = scores.index_put((step_k[:, 0], step_k[:, 1]), extra, accumulate=True)
             if choice_token_norm:
                 scores = scores / torch.tensor([len(c) for c in candidates], device=device, dtype=scores.dtype)
-            action_logp = F.log_softmax(scores / temp, -1)
+            # the rollout's mask (each step's legal candidates, recorded): the ratio compares like with like
+            action_logp = F.log_softmax(mask_illegal(scores / temp, [s.legal for s in steps]), -1)
             chosen = torch.tensor([s.chosen for s in steps], device=device)
             lp = list(action_logp.gather(-1, chosen[:, None]).squeeze(-1).unbind())
             ent = list((-(action_logp.exp() * action_logp).sum(-1)).unbind())

@@ -14,6 +14,10 @@ into `action_names` (choice mode: the policy scores each action name). Beyond gy
   follows the environment's one documented rule (a penalty, or the end of the episode);
 - `snapshot()` / `restore(state)` so tree search can branch from any state.
 
+Optionally `legal_actions()` lists the action indices that are legal in the current state, for invalid-action
+masking (choice mode with the rollout engine's `mask_illegal_actions`, which refuses an environment whose
+`legal_actions()` is the default None).
+
 Optionally `parallel_step = True` says that `step` waits on a subprocess and is safe to run for several
 instances at once (the rollout engine then steps a batch in threads).
 """
@@ -83,6 +87,15 @@ class TextEnv(gymnasium.Env, abc.ABC):
     @abc.abstractmethod
     def restore(self, state: object) -> None:
         """Return to a state produced by `snapshot()`; the snapshot stays reusable."""
+
+    def legal_actions(self) -> list[int] | None:
+        """Indices of the actions legal in the current state; None (the default): the environment does not say.
+
+        Invalid-action masking (Huang & Ontañón 2022, "A Closer Look at Invalid Action Masking in Policy Gradient
+        Algorithms") samples and trains only over these. An environment overrides it only with what its
+        observation already tells the agent, so a masked policy learns from the same information.
+        """
+        return None
 
     def parse_action(self, text: str) -> int | None:
         """Index of the first action name that appears as a whole word in `text` (case-insensitive).

@@ -337,6 +337,12 @@ class GridWorldEnv(TextEnv):
         terminated = termination in ("success", "invalid_action")
         return self._observation(feedback), sum(components.values()), terminated, termination == "truncated", info
 
+    def legal_actions(self) -> list[int]:
+        """The moves no wall or edge blocks from here (the relative observation lists the blocked ones; the grid shows
+        the walls and edges)."""
+        layout, pos = self._require_layout(), self._state.pos
+        return [a for a in range(len(ACTIONS)) if layout.move(pos, a)[1] is None]
+
     def render(self) -> str:
         layout = self._require_layout()
         rows = [list(row.replace("S", ".")) for row in layout.grid]

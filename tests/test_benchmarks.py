@@ -467,6 +467,16 @@ def test_zero_shot_keeps_trajectories_that_gridworld_failures_reads(tmp_path):
     row = out.strip().splitlines()[-1].split(" | ")
     assert row[1] == "3" and sum(int(cell) for cell in row[2:6]) == 3 and row[6].endswith("% of moves")
     assert row[7].split(" (")[0] in ("up", "down", "left", "right") and row[7].endswith("%) |")
+    # `--mask-illegal-actions`: the same policy never makes a blocked move, and its rows say so
+    masked, row_file = tmp_path / "masked.jsonl", tmp_path / "masked_row.jsonl"
+    subprocess.run(cmd[:-1] + [str(masked), "--mask-illegal-actions", "--output", str(row_file)], check=True,
+                   capture_output=True, text=True, cwd=root)
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "gridworld_failures.py"), str(masked)],
+                         check=True, capture_output=True, text=True, cwd=root).stdout
+    row = out.strip().splitlines()[-1].split(" | ")
+    assert row[2] == "0" and row[6] == "0% of moves", out  # no episode stuck on a blocked move; no blocked move at all
+    table = subprocess.run(cmd[:2] + ["--table", str(row_file)], check=True, capture_output=True, text=True, cwd=root)
+    assert "| `gridworld-relative` | `{}` | choice (legal only) | 3 |" in table.stdout
     no_lm = subprocess.run(cmd[:2] + ["--model", "random", "--trajectories", str(records)], capture_output=True,
                            text=True, cwd=root)
     assert no_lm.returncode != 0 and "keeps no records" in no_lm.stderr and "Traceback" not in no_lm.stderr

@@ -419,6 +419,7 @@ def test_relative_observation_decodes_to_the_true_positions_and_same_dynamics():
                 assert distances == sorted(distances)
             blocked = {a for a in range(4) if layout.move(pos, a)[1]}
             assert {a for a, name in enumerate(("up", "down", "left", "right")) if f"{name} (" in line} == blocked
+            assert rel_env.legal_actions() == sorted(set(range(4)) - blocked)  # what invalid-action masking allows
             action = rng.randrange(4)
             a, b = grid_env.step(action), rel_env.step(action)
             obs = b[0]

@@ -242,6 +242,27 @@ def test_anneal_lr_decays_the_rate_linearly_to_zero(tmp_path):
     assert last["constant"] == pytest.approx([2e-3, 4e-3]), last
 
 
+def test_mask_illegal_actions_trains_on_the_mask_it_sampled_with(tmp_path):
+    """`--mask-illegal-actions` on the procedural GridWorld: the trainer's log-probs equal the sampler's before the
+    first step (both apply each step's recorded legal moves; scored unmasked they would differ by ~0.3 nats wherever
+    a move is blocked, as tests/test_rollout.py shows), and the update runs through the masked softmax."""
+    run_dir, _ = run_ppo(tmp_path, "--model", "tiny", "--env-id", "gridworld-procedural-relative-shaped",
+                         "--mask-illegal-actions", "--total-iterations", "2", "--num-episodes", "4", "--eval-every", "0")
+    scalars = read_scalars(run_dir)
+    assert max(v for _, v in scalars["diagnostics/logprob_mismatch"]) < 1e-3, scalars["diagnostics/logprob_mismatch"]
+    assert all(torch.isfinite(torch.tensor(v)) for _, v in scalars["losses/policy_loss"])
+
+
+def test_mask_illegal_actions_fails_fast_where_it_cannot_apply(tmp_path):
+    cmd = [sys.executable, str(ROOT / "algorithms" / "ppo_gae_agent.py"), "--output-dir", str(tmp_path), "--model", "tiny",
+           "--mask-illegal-actions"]
+    for flags, message in ((["--env-id", "babyai-gotoredball"], "legal_actions() lists them; BabyAITextEnv does not"),
+                           (["--action-mode", "free"], "masks action names: it needs choice mode")):
+        proc = subprocess.run(cmd + flags, check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())  # before any model or run directory
+
+
 def test_bf16_sampler_is_not_for_fsdp():
     with pytest.raises(SystemExit, match="--rollout-dtype bfloat16 is a copy of whole weights"):
         ppo.validate_args(ppo.Args(fsdp=True, rollout_dtype="bfloat16"))

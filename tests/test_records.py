@@ -41,7 +41,7 @@ def make_choice_traj() -> Trajectory:
         env_version="grid-2", task_id="maze-17", seed=123456789, env_id="GridWorld-v0",
         prompt_length=2,
         choice_steps=[ChoiceStep(position=2, candidates=[[40], [41, 42], [43, 44, 45]], chosen=1,
-                                 logprob=-0.6931471805599453)],
+                                 logprob=-0.6931471805599453, legal=[1, 2])],
         extra={"goal": "reach the exit", "nested": {"a": [1, 2]}, "名": "中文"})
 
 
@@ -55,6 +55,7 @@ def test_jsonl_round_trip_preserves_every_field(tmp_path):
     assert "return" in raw and "return_" not in raw
     assert raw["return"] == -0.01
     assert raw["choice_steps"][0]["candidates"] == [[40], [41, 42], [43, 44, 45]]
+    assert raw["choice_steps"][0]["legal"] == [1, 2]
     back = read_jsonl(path)
     assert back == trajs  # dataclass equality: every field, exact floats
     assert back[1].return_ == 0.1 + 0.2
@@ -104,6 +105,8 @@ def test_derived_properties():
     (lambda t: setattr(t.choice_steps[0], "position", 4), "outside token_ids"),
     (lambda t: setattr(t.choice_steps[0], "position", 1), "differ"),
     (lambda t: setattr(t.choice_steps[0], "chosen", 3), "out of range"),
+    (lambda t: setattr(t.choice_steps[0], "legal", [0, 2]), "not among the legal"),  # masked out, yet chosen
+    (lambda t: setattr(t.choice_steps[0], "legal", [1, 3]), "not among the legal"),  # no candidate 3
     (lambda t: t.source_mask.__setitem__(3, 0) or t.behavior_logprobs.__setitem__(3, 0.0),
      "not all marked"),
 ])

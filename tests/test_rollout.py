@@ -12,7 +12,7 @@ import envs.gridworld
 from common.chat import ChatFormat
 from common.models import autocast
 from common.rollout import (RolloutConfig, RolloutEngine, _BufferedLayer, _shared_prefix_length, behavior_units,
-                            policy_logprobs, sample_from_logits)
+                            check_env, policy_logprobs, sample_from_logits)
 
 
 def run(model_tok, mode, n=3, seed=0, **cfg):
@@ -134,6 +134,64 @@ def test_choice_mode_matches_direct_per_action_scoring(tiny):
             assert traj.token_ids[step.position: step.position + len(cand[step.chosen])] == cand[step.chosen]
         # choice mode can never produce an invalid action
         assert traj.invalid_actions == 0
+
+
+def test_masked_choice_mode_samples_only_legal_actions_and_the_trainer_applies_the_same_mask(tiny):
+    """Invalid-action masking: every chosen move is legal (none is blocked); each step's log-prob is the softmax over
+    the legal candidates' scores alone (checked against full forwards); the trainer recomputes it from the record's
+    mask (ratio 1), with entropy at most log(#legal) and finite gradients, where scoring without the mask differs."""
+    model, _ = tiny
+    engine, trajs = run(tiny, "choice", n=4, seed=3, choice_token_norm=True, mask_illegal_actions=True)
+    steps = [s for t in trajs for s in t.choice_steps]
+    assert all(s.legal is not None and s.chosen in s.legal for s in steps)
+    assert sum(len(s.legal) < 4 for s in steps) >= 4  # the start (2, 0) alone blocks "left" in every episode
+    assert not any(turn.observation.startswith("Blocked") for t in trajs for turn in t.turns)
+    cand = [engine.chat.encode(n) for n in envs.make("gridworld").action_names]
+    for step in trajs[0].choice_steps[:3]:
+        prefix = trajs[0].token_ids[: step.position]
+        scores = []
+        for ids in cand:
+            with torch.no_grad():
+                logp = F.log_softmax(model(input_ids=torch.tensor([prefix + ids])).logits[0].float(), -1)
+            scores.append(sum(logp[len(prefix) - 1 + j, t].item() for j, t in enumerate(ids)) / len(ids))
+        legal_dist = F.log_softmax(torch.tensor(scores)[step.legal], -1)
+        assert step.logprob == pytest.approx(legal_dist[step.legal.index(step.chosen)].item(), abs=1e-4)
+    units = policy_logprobs(model, trajs, "choice", choice_token_norm=True)
+    behaviour, mask = behavior_units(trajs, "choice")
+    on = mask.bool()
+    assert (units.logprobs - behaviour).abs()[on].max().item() < 1e-4
+    n_legal = torch.tensor([[len(s.legal) for s in t.choice_steps] + [1] * (mask.shape[1] - len(t.choice_steps))
+                            for t in trajs], dtype=torch.float)
+    assert (units.entropy[on] <= n_legal.log()[on] + 1e-5).all()
+    model.zero_grad()
+    (units.logprobs[on].sum() + units.entropy[on].sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    model.zero_grad()
+    for t in trajs:
+        for s in t.choice_steps:
+            s.legal = None
+    with torch.no_grad():
+        unmasked = policy_logprobs(model, trajs, "choice", choice_token_norm=True)
+    blocked_somewhere = (n_legal < 4) & on
+    assert (unmasked.logprobs - behaviour)[blocked_somewhere].max().item() < -1e-3  # the mask moved probability mass
+
+
+def test_masking_rejects_an_environment_that_does_not_list_legal_actions(tiny):
+    model, tok = tiny
+    engine = RolloutEngine(model, tok, RolloutConfig(action_mode="choice", mask_illegal_actions=True))
+
+    class NothingLegal(envs.gridworld.GridWorldEnv):
+        def legal_actions(self):
+            return []
+
+    with pytest.raises(ValueError, match="expected a non-empty list"):
+        engine.run([NothingLegal()], [0], "gridworld")
+    with pytest.raises(ValueError, match="legal_actions\\(\\) lists them; BabyAITextEnv does not"):  # the default: None
+        engine.run([envs.make("babyai-gotoredball")], [0], "babyai-gotoredball")
+    with pytest.raises(ValueError, match="it needs choice mode"):
+        check_env(envs.make("gridworld"), "free", mask_illegal_actions=True)
+    check_env(envs.make("gridworld"), "choice", mask_illegal_actions=True)  # GridWorld lists them
 
 
 def test_per_turn_cap_is_recorded_not_silently_cut(tiny):
