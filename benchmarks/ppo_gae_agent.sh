@@ -65,6 +65,18 @@ heldout_test() {  # MODEL DIR NAME SEED TEMPERATURE [FLAGS...]
   timed python benchmarks/zero_shot.py --model "$1" --env-id gridworld-procedural-relative --env-kwargs '{"split": "test"}' \
       --temperature "$5" --episodes 50 --output "$2/test_$3.jsonl" --trajectories "$2/test_${3}_episodes_$4.jsonl" "${@:6}"
 }
+# Parts 17, 18 and 20: the latest run directory of DIR, EXP and SEED (empty if none); the run trained by COMMAND, or
+# continued with `--resume` (its saved arguments) when its directory exists (an interrupted run), then summarized
+# every EVERY episodes, RUN set to it.
+latest_run() {  # DIR EXP SEED
+  ls -d "$1/gridworld-procedural-relative-shaped__$2__$3__"* 2>/dev/null | tail -1 || true
+}
+train_or_resume() {  # DIR EXP SEED EVERY COMMAND...
+  RUN=$(latest_run "$1" "$2" "$3")
+  if [ -z "$RUN" ]; then timed "${@:5}"; else timed python algorithms/ppo_gae_agent.py --resume "$RUN"; fi
+  RUN=$(latest_run "$1" "$2" "$3")
+  python benchmarks/summarize_run.py "$RUN" --every "$4"
+}
 # Parts 4-7b were published with --micro-batch-size 4, the default until session 29 (now 1: part 7e). The update is the
 # same at any micro-batch size; the flag keeps their seconds and peak memory reproducible.
 MB4=(--micro-batch-size 4)
@@ -428,18 +440,13 @@ if [ -n "${PROCEDURAL_SHAPED_ANNEAL:-}" ]; then
   #     Published in benchmarks/results/grpo_agent_procedural.md ("Learning rates annealed to 0").
   DIR="$OUT/proc_rel_ent05_anneal"
   for seed in ${SEEDS_ANNEAL:-1 3 2}; do
-    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_anneal__${seed}__* 2>/dev/null | tail -1 || true)
+    RUN=$(latest_run "$DIR" proc_rel_ent05_anneal "$seed")
     if [ ! -f "$DIR/test_200_episodes_$seed.jsonl" ]; then
-      if [ -z "$RUN" ]; then
-        timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
-            --num-episodes 8 --total-iterations 200 --rollout-dtype bfloat16 --update-dtype bfloat16 \
-            --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --anneal-lr \
-            --exp-name proc_rel_ent05_anneal --output-dir "$DIR"
-        RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_anneal__${seed}__* | tail -1)
-      else
-        timed python algorithms/ppo_gae_agent.py --resume "$RUN"
-      fi
-      python benchmarks/summarize_run.py "$RUN" --every 160
+      train_or_resume "$DIR" proc_rel_ent05_anneal "$seed" 160 \
+          python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+                --num-episodes 8 --total-iterations 200 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+                --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --anneal-lr \
+                --exp-name proc_rel_ent05_anneal --output-dir "$DIR"
     fi
     heldout_test "$RUN/model" "$DIR" 200 "$seed" 0
     heldout_test "$RUN/model" "$DIR" 200_t1 "$seed" 1
@@ -453,18 +460,13 @@ if [ -n "${PROCEDURAL_SHAPED_TOP12:-}" ]; then
   #     Published in benchmarks/results/grpo_agent_procedural.md ("Twelve trained layers").
   DIR="$OUT/proc_rel_ent05_top12"
   for seed in ${SEEDS_TOP12:-1 2 3}; do
-    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12__${seed}__* 2>/dev/null | tail -1 || true)
+    RUN=$(latest_run "$DIR" proc_rel_ent05_top12 "$seed")
     if [ ! -f "$DIR/test_50_episodes_$seed.jsonl" ]; then
-      if [ -z "$RUN" ]; then
-        timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
-            --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
-            --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
-            --exp-name proc_rel_ent05_top12 --output-dir "$DIR"
-        RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12__${seed}__* | tail -1)
-      else
-        timed python algorithms/ppo_gae_agent.py --resume "$RUN"
-      fi
-      python benchmarks/summarize_run.py "$RUN" --every 80
+      train_or_resume "$DIR" proc_rel_ent05_top12 "$seed" 80 \
+          python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+                --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+                --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
+                --exp-name proc_rel_ent05_top12 --output-dir "$DIR"
     fi
     heldout_test "$RUN/model" "$DIR" 50 "$seed" 0
   done
@@ -496,18 +498,13 @@ if [ -n "${PROCEDURAL_SHAPED_MASKED:-}" ]; then
   #     Published in benchmarks/results/grpo_agent_procedural.md ("Invalid-action masking").
   DIR="$OUT/proc_rel_ent05_top12_masked"
   for seed in ${SEEDS_MASKED:-1 2 3}; do
-    RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12_masked__${seed}__* 2>/dev/null | tail -1 || true)
+    RUN=$(latest_run "$DIR" proc_rel_ent05_top12_masked "$seed")
     if [ ! -f "$DIR/test_50_episodes_$seed.jsonl" ]; then
-      if [ -z "$RUN" ]; then
-        timed python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
-            --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
-            --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
-            --mask-illegal-actions --exp-name proc_rel_ent05_top12_masked --output-dir "$DIR"
-        RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__proc_rel_ent05_top12_masked__${seed}__* | tail -1)
-      else
-        timed python algorithms/ppo_gae_agent.py --resume "$RUN"
-      fi
-      python benchmarks/summarize_run.py "$RUN" --every 80
+      train_or_resume "$DIR" proc_rel_ent05_top12_masked "$seed" 80 \
+          python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+                --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+                --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
+                --mask-illegal-actions --exp-name proc_rel_ent05_top12_masked --output-dir "$DIR"
     fi
     heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
   done
