@@ -325,8 +325,8 @@ PROCEDURAL_PPO = [
     *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_{name}.jsonl", f"{_ENT}, top 12 layers, the same runs continued",
        temperature, [length], "PROCEDURAL_SHAPED_TOP12_1600 (part 19)")
       for name, temperature, length in (("at800", 0.0, 800), ("1600", 0.0, 1600), ("1600_t1", 1.0, 1600))],
-    ("ppo_gae_agent_procedural_shaped_ent05_top12_masked.jsonl", f"{_ENT}, top 12 layers, invalid-action masking "
-     "(`--mask-illegal-actions`: trained and tested choosing only moves no wall blocks; its own action space)", 0.0,
+    ("ppo_gae_agent_procedural_shaped_ent05_top12_masked.jsonl", (f"{_ENT}, top 12 layers, invalid-action masking "
+     "(`--mask-illegal-actions`: trained and tested choosing only moves no wall blocks; its own action space)"), 0.0,
      [400], "PROCEDURAL_SHAPED_MASKED (part 20)"),
 ]
 
