@@ -31,7 +31,7 @@ import tyro
 import envs
 from common.models import load_model, resolve_device
 from common.records import write_jsonl
-from common.rollout import RolloutConfig, RolloutEngine
+from common.rollout import RolloutConfig, RolloutEngine, check_env
 
 
 @dataclass
@@ -89,7 +89,7 @@ def random_policy_episodes(args: Args, env_kwargs: dict):
         env.reset(seed=args.seed * 100_000 + i)
         ret, done, info, steps = 0.0, False, {}, 0
         while not done:
-            legal = (env.legal_actions() if args.mask_illegal_actions else None) or range(len(env.action_names))
+            legal = env.legal_actions() if args.mask_illegal_actions else range(len(env.action_names))
             _, reward, terminated, truncated, info = env.step(int(rng.choice(list(legal))))
             ret, steps, done = ret + reward, steps + 1, terminated or truncated
         returns.append(ret)
@@ -141,11 +141,14 @@ if __name__ == "__main__":
     if args.table:
         print(markdown_table(args.table), end="")
         sys.exit(0)
-    if args.mask_illegal_actions and args.action_mode != "choice":
-        raise SystemExit("--mask-illegal-actions masks action names: it needs --action-mode choice")
     if args.trajectories and args.model == "random":
         raise SystemExit("--trajectories: `--model random` plays without the rollout engine and keeps no records")
     env_kwargs = json.loads(args.env_kwargs)
+    if args.mask_illegal_actions:  # the engine's own check, before loading a model (and for `--model random` too)
+        try:
+            check_env(envs.make(args.env_id, **env_kwargs), args.action_mode, mask_illegal_actions=True)
+        except ValueError as e:
+            raise SystemExit(f"--mask-illegal-actions: {e}")
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     trajs, start = [], time.time()
