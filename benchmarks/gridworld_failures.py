@@ -10,9 +10,9 @@ Classes, checked in this order:
 - `oscillating`: REPEATS or more moves that undo the move before them (up after down, left after right, ...).
 - `other`: neither, e.g. wandering, or a detour too long for the step limit.
 It also reports the share of all moves that were blocked, and the move made most often (with its share). "The same
-place" is the observation after the move without its feedback line and its "Step k/N" status line: for both GridWorld
-encoders that text is fixed by the agent's position and the resources left, so two blocked moves with the same action
-and the same such text were made from the same cell.
+place" is the observation after the move without its feedback line, its "Step k/N" status line and the visit counts of
+the "relative-visits" encoder: for every GridWorld encoder that text is fixed by the agent's position and the resources
+left, so two blocked moves with the same action and the same such text were made from the same cell.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Args:
 
 def place(observation: str) -> str:
     """The observation less its feedback and step lines: the same text means the same cell and resources left."""
-    return "\n".join(line for line in observation.splitlines()[1:] if not line.startswith("Step "))
+    return "\n".join(line for line in observation.splitlines()[1:] if not line.startswith(("Step ", "Visits: ")))
 
 
 def classify(traj: Trajectory) -> str:

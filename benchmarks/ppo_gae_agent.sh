@@ -47,6 +47,8 @@
 #   19. PROCEDURAL_SHAPED_TOP12_1600=1 (after part 18): its runs continued to 800 and 1,600 episodes, tested the same way.
 #   20. PROCEDURAL_SHAPED_MASKED=1: part 18 with invalid-action masking (--mask-illegal-actions: only moves no wall or
 #      edge blocks), trained and tested so.
+#   21. PROCEDURAL_VISITS_MASKED=1: part 20 on the "relative-visits" encoder (the relative text plus how many times
+#      the agent has been on its cell and on the cells next to it), trained and tested so.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -59,17 +61,17 @@ mkdir -p "$OUT/memory"
 timed() { local t0=$SECONDS; "$@"; echo "$((SECONDS - t0)) s: $*" | tee -a "$OUT/wall_clock.txt"; }
 # Parts 15-17: MODEL at TEMPERATURE (0: greedy) on the unshaped id's 50 held-out test layouts, a row appended to
 # DIR/test_NAME.jsonl and the episodes in DIR/test_NAME_episodes_SEED.jsonl; skipped when that episodes file exists.
-# Further arguments go to zero_shot.py (part 20: --mask-illegal-actions).
+# Further arguments go to zero_shot.py (part 20: --mask-illegal-actions); TEST_ENV_ID names another encoder's id (part 21).
 heldout_test() {  # MODEL DIR NAME SEED TEMPERATURE [FLAGS...]
   [ -f "$2/test_${3}_episodes_$4.jsonl" ] && return 0
-  timed python benchmarks/zero_shot.py --model "$1" --env-id gridworld-procedural-relative --env-kwargs '{"split": "test"}' \
+  timed python benchmarks/zero_shot.py --model "$1" --env-id "${TEST_ENV_ID:-gridworld-procedural-relative}" --env-kwargs '{"split": "test"}' \
       --temperature "$5" --episodes 50 --output "$2/test_$3.jsonl" --trajectories "$2/test_${3}_episodes_$4.jsonl" "${@:6}"
 }
-# Parts 17, 18 and 20: the latest run directory of DIR, EXP and SEED (empty if none); the run trained by COMMAND, or
+# Parts 17, 18, 20 and 21: the latest run directory of DIR, EXP and SEED (empty if none); the run trained by COMMAND, or
 # continued with `--resume` (its saved arguments) when its directory exists (an interrupted run), then summarized
 # every EVERY episodes, RUN set to it.
 latest_run() {  # DIR EXP SEED
-  ls -d "$1/gridworld-procedural-relative-shaped__$2__$3__"* 2>/dev/null | tail -1 || true
+  ls -d "$1/"*"__$2__$3__"* 2>/dev/null | tail -1 || true
 }
 train_or_resume() {  # DIR EXP SEED EVERY COMMAND...
   RUN=$(latest_run "$1" "$2" "$3")
@@ -507,6 +509,28 @@ if [ -n "${PROCEDURAL_SHAPED_MASKED:-}" ]; then
                 --mask-illegal-actions --exp-name proc_rel_ent05_top12_masked --output-dir "$DIR"
     fi
     heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
+  done
+fi
+if [ -n "${PROCEDURAL_VISITS_MASKED:-}" ]; then
+  # 21. Part 20 (masked, 12 trained layers, 400 episodes) on the "relative-visits" encoder: the same text plus "Visits:
+  #     here 3, up 1, left 2." (steps spent on this cell and on the cells the unblocked moves lead to). Under the mask,
+  #     every greedy failure left in part 20 is a loop between two cells, where the current text repeats but for the
+  #     step counter (the earlier turns are in the context, but only comparing them shows the loop); the counts put
+  #     the loop into the current text. Trained and tested masked on the visits ids;
+  #     layouts, dynamics and rewards are part 20's. Seeds in SEEDS_VISITS (default 1 2 3); a seed whose test file
+  #     exists is skipped, an interrupted run is resumed.
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Visit counts").
+  DIR="$OUT/proc_rel_visits_ent05_top12_masked"
+  for seed in ${SEEDS_VISITS:-1 2 3}; do
+    RUN=$(latest_run "$DIR" proc_rel_visits_ent05_top12_masked "$seed")
+    if [ ! -f "$DIR/test_50_episodes_$seed.jsonl" ]; then
+      train_or_resume "$DIR" proc_rel_visits_ent05_top12_masked "$seed" 80 \
+          python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-visits-shaped --learning-rate 1e-4 \
+                --num-episodes 8 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+                --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
+                --mask-illegal-actions --exp-name proc_rel_visits_ent05_top12_masked --output-dir "$DIR"
+    fi
+    TEST_ENV_ID=gridworld-procedural-relative-visits heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
   done
 fi
 

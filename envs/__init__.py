@@ -70,6 +70,10 @@ for _name in ("gridworld", "gridworld-procedural"):  # variants of envs/gridworl
     # potential-based reward shaping (seed 003 §3.2), with either encoder
     _REGISTRY[f"{_name}-shaped"] = _with_defaults(_REGISTRY[_name], shaping=SHAPING_WEIGHT)
     _REGISTRY[f"{_name}-relative-shaped"] = _with_defaults(_REGISTRY[_name], observation="relative", shaping=SHAPING_WEIGHT)
+    # ... with visit counts (a loop shows in the text), unshaped and shaped
+    _REGISTRY[f"{_name}-relative-visits"] = _with_defaults(_REGISTRY[_name], observation="relative-visits")
+    _REGISTRY[f"{_name}-relative-visits-shaped"] = _with_defaults(_REGISTRY[_name], observation="relative-visits",
+                                                                  shaping=SHAPING_WEIGHT)
     # ... and a blocked move costs as much as a step away (envs/gridworld.py: why greedy policies bump into walls)
     _REGISTRY[f"{_name}-relative-shaped-blocked"] = _with_defaults(_REGISTRY[_name], observation="relative",
                                                                    shaping=SHAPING_WEIGHT, blocked_penalty=BLOCKED_PENALTY)

@@ -40,6 +40,12 @@ Two state encoders (seed 003 §2.2: the encoder turns the state into text the LM
   wall or the edge blocks right now. Walls further away are not described, so planning around them
   is left to trial: the layout is partly observed. On a fresh layout each episode, a 135M model can
   copy a move word from this text where it would have to locate itself in a drawn grid.
+- "relative-visits" (ids `gridworld-relative-visits`, `gridworld-procedural-relative-visits`, ...): "relative" plus a
+  line of visit counts, "Visits: here 3, up 1, left 2.": how many steps the agent has spent on this cell (a blocked or
+  invalid move is one more) and on each cell an unblocked move leads to (cells never visited are not listed). A policy
+  that reads only the current text cannot tell the third pass through a dead end from the first (its greedy failures
+  on held-out layouts are loops between two cells: benchmarks/results/grpo_agent_procedural.md); the counts, a
+  count-based exploration memory in words, make a loop visible in the observation itself.
 
 Potential-based reward shaping (seed 003 §3.2; Ng, Harada & Russell 1999), off by default: with
 `shaping=w > 0` (ids `gridworld-shaped`, `gridworld-procedural-relative-shaped`, ...: w = SHAPING_WEIGHT) every
@@ -89,7 +95,7 @@ SEED003_LAYOUT = ("..R....G", ".WW.....", "S...R...", "..W...G.")
 ACTIONS = ("up", "down", "left", "right")
 MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))  # (d_row, d_col) per action; row 0 is the top
 INVALID_FEEDBACK = "Invalid action. Reply with one of: " + ", ".join(ACTIONS) + "."
-OBSERVATIONS = ("grid", "relative")
+OBSERVATIONS = ("grid", "relative", "relative-visits")
 
 Pos = tuple[int, int]
 
@@ -146,6 +152,7 @@ class GridState:
     steps: int = 0
     invalid_actions: int = 0
     termination: str | None = None  # set once the episode is over
+    path: tuple[Pos, ...] = ()  # the cell after each step, the start first ("relative-visits" counts in it)
 
 
 class GridWorldVerifier:
@@ -271,12 +278,14 @@ class GridWorldEnv(TextEnv):
 
     @property
     def system_prompt(self) -> str:
-        if self.observation == "relative":
+        if self.observation.startswith("relative"):
+            visits = (" It also says how many times you have been here and on the cells next to you."
+                      if self.observation == "relative-visits" else "")
             return (
                 "You are on a grid. Collect resources (+1 each), then reach a goal (+3, ends the episode). Each "
                 "observation says where the resources left and the goals are from you, as moves (e.g. 2 up 1 left), "
-                f"and which moves a wall or the edge blocks. Each step costs 0.05; at most {self.max_steps} steps. "
-                "Reply with exactly one word: up, down, left or right."
+                f"and which moves a wall or the edge blocks.{visits} Each step costs 0.05; at most {self.max_steps} "
+                "steps. Reply with exactly one word: up, down, left or right."
             )
         return (
             "You are A on a grid. Collect resources R (+1 each), then reach a goal G (+3, ends the "
@@ -299,7 +308,7 @@ class GridWorldEnv(TextEnv):
         if self.shaping and remaining_path_length(self._layout, self._layout.start, frozenset()) is None:
             raise ValueError("shaping needs a layout whose resources and a goal can all be reached; "
                              f"this one cannot:\n{self._layout.text}")
-        self._initial = self._state = GridState(pos=self._layout.start)
+        self._initial = self._state = GridState(pos=self._layout.start, path=(self._layout.start,))
         return self._observation(None), {"env_version": self.env_version, "task_id": self.task_id}
 
     def step(self, action: str | int) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -308,7 +317,7 @@ class GridWorldEnv(TextEnv):
         if before.termination is not None:
             raise RuntimeError("episode is over; call reset()")  # a caller bug, not an agent error
         index = self.action_index(action)
-        after = replace(before, steps=before.steps + 1)
+        after = replace(before, steps=before.steps + 1, path=before.path + (before.pos,))
         termination = None
         if index is None:
             after = replace(after, invalid_actions=before.invalid_actions + 1)
@@ -316,7 +325,8 @@ class GridWorldEnv(TextEnv):
             termination = "invalid_action" if self.invalid_action_rule == "end" else None
         else:
             pos, blocked = layout.move(before.pos, index)
-            after = replace(after, pos=pos, collected=before.collected | ({pos} & set(layout.resources)))
+            after = replace(after, pos=pos, collected=before.collected | ({pos} & set(layout.resources)),
+                            path=before.path + (pos,))
             events = [f"You moved {ACTIONS[index]}"]
             if len(after.collected) > len(before.collected):
                 events.append("collected a resource")
@@ -354,8 +364,9 @@ class GridWorldEnv(TextEnv):
     def _observation(self, feedback: str | None) -> str:
         state, layout = self._state, self._layout
         status = f"Step {state.steps}/{self.max_steps}. Resources {len(state.collected)}/{len(layout.resources)}."
-        if self.observation == "relative":
-            return "\n".join(([feedback] if feedback else []) + [status, describe_relative(layout, state)])
+        if self.observation.startswith("relative"):
+            visits = [describe_visits(layout, state)] if self.observation == "relative-visits" else []
+            return "\n".join(([feedback] if feedback else []) + [status, describe_relative(layout, state)] + visits)
         return "\n".join(([feedback] if feedback else []) + [status + " You are A.", self.render()])
 
     def _require_layout(self) -> Layout:
@@ -407,6 +418,13 @@ def describe_relative(layout: Layout, state: GridState) -> str:
     blocked = [f"{ACTIONS[a]} ({why})" for a in range(len(ACTIONS)) if (why := layout.move(state.pos, a)[1])]
     return (f"Resources left: {listed(left)}. Goals: {listed(layout.goals)}. "
             f"Blocked: {', '.join(blocked) or 'nothing'}.")
+
+
+def describe_visits(layout: Layout, state: GridState) -> str:
+    """The "relative-visits" line: steps spent on this cell, then on each cell an unblocked move leads to (if any)."""
+    near = [f"{ACTIONS[a]} {count}" for a in range(len(ACTIONS))
+            if (cell := layout.move(state.pos, a))[1] is None and (count := state.path.count(cell[0]))]
+    return "Visits: " + ", ".join([f"here {state.path.count(state.pos)}", *near]) + "."
 
 
 def layout_split(layout: Layout) -> str:

@@ -397,13 +397,14 @@ def _scripted_episode(env_id: str, actions: list[str]):
 def test_gridworld_failures_tells_a_stuck_agent_from_an_oscillating_one_and_from_blocked_moves_in_different_places():
     """On the seed-003 layout (S on the left edge, row 2): 5 x left is 5 blocked moves from one cell (stuck), 4 are
     not (other); right/left x 3 is 5 reversals (oscillating); up, up and then up/right along the top row blocks 5 times but
-    from 5 different cells (other); the optimal path succeeds. Both encoders give the same classes."""
+    from 5 different cells (other); the optimal path succeeds. Every encoder gives the same classes (the visit counts
+change the text after each blocked move, not the place)."""
     import envs
     from benchmarks import gridworld_failures as gf
     from envs.gridworld import ACTIONS
 
     top_row = ["up", "up"] + ["up", "right"] * 5
-    for env_id in ("gridworld", "gridworld-relative"):
+    for env_id in ("gridworld", "gridworld-relative", "gridworld-relative-visits"):
         cases = {"stuck": ["left"] * 5 + ["right"] * 3, "other": ["left"] * 4 + ["right"] * 3,
                  "oscillating": ["right", "left"] * 3}
         for expected, actions in cases.items():
