@@ -328,6 +328,9 @@ PROCEDURAL_PPO = [
     ("ppo_gae_agent_procedural_shaped_ent05_top12_masked.jsonl", (f"{_ENT}, top 12 layers, invalid-action masking "
      "(`--mask-illegal-actions`: trained and tested choosing only moves no wall blocks; its own action space)"), 0.0,
      [400], "PROCEDURAL_SHAPED_MASKED (part 20)"),
+    ("ppo_gae_agent_procedural_visits_top12_masked.jsonl", (f"{_ENT}, top 12 layers, masked, with visit counts "
+     "(`gridworld-procedural-relative-visits-shaped`; tested on `-relative-visits`: the same layouts, the text plus "
+     "a line of visit counts)"), 0.0, [400], "PROCEDURAL_VISITS_MASKED (part 21)"),
 ]
 
 
