@@ -40,7 +40,7 @@ class Args:
 
 
 def place(observation: str) -> str:
-    """The observation less its feedback and step lines: the same text means the same cell and resources left."""
+    """The observation less its feedback, step and visit-count lines: the same text, the same cell and resources left."""
     return "\n".join(line for line in observation.splitlines()[1:] if not line.startswith(("Step ", "Visits: ")))
 
 
