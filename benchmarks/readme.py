@@ -331,6 +331,9 @@ PROCEDURAL_PPO = [
     ("ppo_gae_agent_procedural_visits_top12_masked.jsonl", (f"{_ENT}, top 12 layers, masked, with visit counts "
      "(`gridworld-procedural-relative-visits-shaped`; tested on `-relative-visits`: the same layouts, the text plus "
      "a line of visit counts)"), 0.0, [400], "PROCEDURAL_VISITS_MASKED (part 21)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_top12_masked_b16.jsonl", (f"{_ENT}, top 12 layers, masked, 16 episodes "
+     "per iteration (`--num-episodes 16`: part 20's 50 updates, each on twice the layouts)"), 0.0, [800],
+     "PROCEDURAL_MASKED_B16 (part 22)"),
 ]
 
 
@@ -363,7 +366,7 @@ def ppo_procedural() -> str:
     return "\n".join([*lines, "", (
         "Goal rate on the 50 held-out test layouts of `gridworld-procedural-relative` (never trained on), greedy or "
         "sampled (`zero_shot.py --temperature T`), after training `ppo_gae_agent.py` (SmolLM2, choice mode, "
-        "`--learning-rate 1e-4 --num-episodes 8`, rollouts at T = 2 unless the row says, both CPU bf16 flags) on "
+        "`--learning-rate 1e-4 --num-episodes 8`, rollouts at T = 2, unless the row says; both CPU bf16 flags) on "
         "the training layouts of the id shown (`-shaped`: `gridworld-procedural-relative-shaped`, potential-based "
         f"shaping).{before} A blank cell was not measured. Source: `SWITCH=1 bash benchmarks/ppo_gae_agent.sh` with "
         "the row's switch, details in [grpo_agent_procedural.md](benchmarks/results/grpo_agent_procedural.md).")])

@@ -46,7 +46,7 @@ Two state encoders (seed 003 §2.2: the encoder turns the state into text the LM
   that reads only the current text cannot tell the third pass through a dead end from the first (its greedy failures
   on held-out layouts are loops between two cells: benchmarks/results/grpo_agent_procedural.md); the counts, a
   count-based exploration memory in words, make a loop visible in the observation itself. Measured with PPO (masked,
-  400 episodes) they lowered the held-out goal rate, from 77% ± 6 to 61% ± 11, with more loops, not fewer (same page).
+  400 episodes) they lowered the held-out goal rate, from 77% ± 6 to 61% ± 12, with more loops, not fewer (same page).
 
 Potential-based reward shaping (seed 003 §3.2; Ng, Harada & Russell 1999), off by default: with
 `shaping=w > 0` (ids `gridworld-shaped`, `gridworld-procedural-relative-shaped`, ...: w = SHAPING_WEIGHT) every
