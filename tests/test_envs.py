@@ -475,8 +475,9 @@ def test_relative_observation_alone_suffices_for_a_simple_policy():
 
 def test_one_move_of_memory_breaks_the_loops_of_a_deterministic_policy():
     """The greedy failures of trained LM policies on held-out layouts are loops between two cells. A deterministic
-    text-reading policy loops the same way; told never to undo its previous move (one move of memory: an LM policy has
-    its earlier turns in its context) it reaches far more goals, so the loops need memory, not more of the text."""
+    text-reading policy loops the same way; told never to undo its previous move (one move of memory, which an LM policy
+    has: its earlier turns are in its context, and the feedback line "You moved up." names the last move) it reaches
+    far more goals."""
     memoryless = _sidestep_policy_successes("gridworld-procedural-relative", greedy=True)
     assert _sidestep_policy_successes("gridworld-procedural-relative", greedy=True, never_undo=True) >= memoryless + 10
     # measured 45 against 29 of 50 (500 layouts: 89% against 61%)
