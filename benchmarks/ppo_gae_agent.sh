@@ -49,7 +49,8 @@
 #      edge blocks), trained and tested so.
 #   21. PROCEDURAL_VISITS_MASKED=1: part 20 on the "relative-visits" encoder (the relative text plus how many times
 #      the agent has been on its cell and on the cells next to it), trained and tested so.
-#   22. PROCEDURAL_MASKED_B16=1: part 20 with 16 layouts per update instead of 8, for as many updates (800 episodes).
+#   22. PROCEDURAL_MASKED_B16=1: part 20 with 16 layouts per update instead of 8, for as many updates (800 episodes);
+#      tested greedy and at T = 1.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -553,6 +554,7 @@ if [ -n "${PROCEDURAL_MASKED_B16:-}" ]; then
                 --mask-illegal-actions --exp-name proc_rel_ent05_top12_masked_b16 --output-dir "$DIR"
     fi
     heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
+    heldout_test "$RUN/model" "$DIR" 50_t1 "$seed" 1 --mask-illegal-actions  # sampled at T = 1, as parts 15-19
   done
 fi
 

@@ -331,9 +331,9 @@ PROCEDURAL_PPO = [
     ("ppo_gae_agent_procedural_visits_top12_masked.jsonl", (f"{_ENT}, top 12 layers, masked, with visit counts "
      "(`gridworld-procedural-relative-visits-shaped`; tested on `-relative-visits`: the same layouts, the text plus "
      "a line of visit counts)"), 0.0, [400], "PROCEDURAL_VISITS_MASKED (part 21)"),
-    ("ppo_gae_agent_procedural_shaped_ent05_top12_masked_b16.jsonl", (f"{_ENT}, top 12 layers, masked, 16 episodes "
-     "per iteration (`--num-episodes 16`: part 20's 50 updates, each on twice the layouts)"), 0.0, [800],
-     "PROCEDURAL_MASKED_B16 (part 22)"),
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_masked_b16{suffix}.jsonl", (f"{_ENT}, top 12 layers, masked, 16 "
+       "episodes per iteration (`--num-episodes 16`: part 20's 50 updates, each on twice the layouts)"), temperature,
+       [800], "PROCEDURAL_MASKED_B16 (part 22)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
