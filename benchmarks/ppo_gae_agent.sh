@@ -555,6 +555,9 @@ if [ -n "${PROCEDURAL_MASKED_B16:-}" ]; then
     fi
     heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
     heldout_test "$RUN/model" "$DIR" 50_t1 "$seed" 1 --mask-illegal-actions  # sampled at T = 1, as parts 15-19
+    # 50 other held-out layouts (environment seeds 100000-100049: none of the first 50's layouts), greedy and at T = 1
+    heldout_test "$RUN/model" "$DIR" 50_more "$seed" 0 --mask-illegal-actions --seed 1
+    heldout_test "$RUN/model" "$DIR" 50_more_t1 "$seed" 1 --mask-illegal-actions --seed 1
   done
 fi
 
