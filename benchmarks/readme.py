@@ -334,6 +334,9 @@ PROCEDURAL_PPO = [
     *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_masked_b16{suffix}.jsonl", (f"{_ENT}, top 12 layers, masked, 16 "
        "episodes per iteration (`--num-episodes 16`: part 20's 50 updates, each on twice the layouts)"), temperature,
        [800], "PROCEDURAL_MASKED_B16 (part 22)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_masked_b16_more{suffix}.jsonl", (f"{_ENT}, top 12 layers, masked, "
+       "16 episodes per iteration, tested on 50 other held-out layouts (`zero_shot.py --seed 1`: none of the first 50)"),
+       temperature, [800], "PROCEDURAL_MASKED_B16 (part 22)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
@@ -362,9 +365,13 @@ def ppo_procedural() -> str:
     untrained = next((r for r in _jsonl_rows("grpo_agent_procedural_relative.jsonl")
                       if r["settings"]["model"] == "smollm2-135m"
                       and json.loads(r["settings"]["env_kwargs"]) == {"split": "test"}), None)
-    before = f" The untrained model, greedy: {untrained['success_rate']:.0%}." if untrained else ""
+    masked = next((r for r in _jsonl_rows("ppo_gae_agent_procedural_untrained_masked.jsonl")
+                   if r["env_id"] == "gridworld-procedural-relative"), None)  # the masked rows' starting point
+    before = (f" The untrained model, greedy: {untrained['success_rate']:.0%}" + (
+        f" ({masked['success_rate']:.0%} masked)" if masked else "") + ".") if untrained else ""
     return "\n".join([*lines, "", (
-        "Goal rate on the 50 held-out test layouts of `gridworld-procedural-relative` (never trained on), greedy or "
+        "Goal rate on the 50 held-out test layouts of `gridworld-procedural-relative` (never trained on; 50 others "
+        "where the row says), greedy or "
         "sampled (`zero_shot.py --temperature T`), after training `ppo_gae_agent.py` (SmolLM2, choice mode, "
         "`--learning-rate 1e-4 --num-episodes 8`, rollouts at T = 2, unless the row says; both CPU bf16 flags) on "
         "the training layouts of the id shown (`-shaped`: `gridworld-procedural-relative-shaped`, potential-based "
