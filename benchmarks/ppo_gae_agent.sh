@@ -51,6 +51,8 @@
 #      the agent has been on its cell and on the cells next to it), trained and tested so.
 #   22. PROCEDURAL_MASKED_B16=1: part 20 with 16 layouts per update instead of 8, for as many updates (800 episodes);
 #      tested greedy and at T = 1.
+#   23. PROCEDURAL_MASKED_B16_1600=1 (after part 22): its runs continued, in a copy, to 1,600 episodes, tested the same
+#      way.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -558,6 +560,32 @@ if [ -n "${PROCEDURAL_MASKED_B16:-}" ]; then
     # 50 other held-out layouts (environment seeds 100000-100049: none of the first 50's layouts), greedy and at T = 1
     heldout_test "$RUN/model" "$DIR" 50_more "$seed" 0 --mask-illegal-actions --seed 1
     heldout_test "$RUN/model" "$DIR" 50_more_t1 "$seed" 1 --mask-illegal-actions --seed 1
+  done
+fi
+
+if [ -n "${PROCEDURAL_MASKED_B16_1600:-}" ]; then
+  # 23. Part 22's runs continued with `--resume` to 100 iterations of 16 = 1,600 episodes, each in a copy of its run
+  #     directory (args, checkpoint at 50, events) so part 22's model stays as published. Does the larger batch keep
+  #     improving where part 20's batches of 8 fell (84% to 68% on seed 2 from 400 to 800 episodes)? Needs part 22's
+  #     DIR; seeds in SEEDS_MASKED_B16_1600 (default 1 2 3); a seed whose test file exists is skipped, an interrupted
+  #     run continues from its last checkpoint (the copy is made once).
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Sixteen layouts per update, longer").
+  SRC="$OUT/proc_rel_ent05_top12_masked_b16"
+  DIR="$OUT/proc_rel_ent05_top12_masked_b16_1600"
+  mkdir -p "$DIR"
+  for seed in ${SEEDS_MASKED_B16_1600:-1 2 3}; do
+    RUN=$(latest_run "$SRC" proc_rel_ent05_top12_masked_b16 "$seed")
+    NEW="$DIR/$(basename "$RUN")"
+    [ -d "$NEW" ] || { mkdir -p "$NEW"
+                       cp "$RUN"/{args.json,checkpoint.json,checkpoint-000050.pt} "$RUN"/events.* "$NEW/"; }
+    if [ ! -f "$DIR/test_100_episodes_$seed.jsonl" ]; then
+      timed python algorithms/ppo_gae_agent.py --resume "$NEW" --total-iterations 100 --output-dir "$DIR"
+      python benchmarks/summarize_run.py "$NEW" --every 160
+    fi
+    heldout_test "$NEW/model" "$DIR" 100 "$seed" 0 --mask-illegal-actions
+    heldout_test "$NEW/model" "$DIR" 100_more "$seed" 0 --mask-illegal-actions --seed 1
+    heldout_test "$NEW/model" "$DIR" 100_t1 "$seed" 1 --mask-illegal-actions
+    heldout_test "$NEW/model" "$DIR" 100_more_t1 "$seed" 1 --mask-illegal-actions --seed 1
   done
 fi
 

@@ -337,6 +337,10 @@ PROCEDURAL_PPO = [
     *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_masked_b16_more{suffix}.jsonl", (f"{_ENT}, top 12 layers, masked, "
        "16 episodes per iteration, tested on 50 other held-out layouts (`zero_shot.py --seed 1`: none of the first 50)"),
        temperature, [800], "PROCEDURAL_MASKED_B16 (part 22)") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_masked_b16_1600{more}{suffix}.jsonl", (f"{_ENT}, top 12 layers, "
+       "masked, 16 episodes per iteration, the same runs continued" + (", tested on 50 other held-out layouts" if more
+       else "")), temperature, [1600], "PROCEDURAL_MASKED_B16_1600 (part 23)")
+      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
