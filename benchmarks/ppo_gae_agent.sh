@@ -575,9 +575,11 @@ if [ -n "${PROCEDURAL_MASKED_B16_1600:-}" ]; then
   mkdir -p "$DIR"
   for seed in ${SEEDS_MASKED_B16_1600:-1 2 3}; do
     RUN=$(latest_run "$SRC" proc_rel_ent05_top12_masked_b16 "$seed")
+    [ -n "$RUN" ] || { echo "part 23 needs part 22's run of seed $seed in $SRC (PROCEDURAL_MASKED_B16=1)" >&2; exit 1; }
     NEW="$DIR/$(basename "$RUN")"
-    [ -d "$NEW" ] || { mkdir -p "$NEW"
-                       cp "$RUN"/{args.json,checkpoint.json,checkpoint-000050.pt} "$RUN"/events.* "$NEW/"; }
+    [ -d "$NEW" ] || { rm -rf "$NEW.copy"; mkdir -p "$NEW.copy"  # renamed when whole: an interrupted copy is redone
+                       cp "$RUN"/{args.json,checkpoint.json,checkpoint-000050.pt} "$RUN"/events.* "$NEW.copy/"
+                       mv "$NEW.copy" "$NEW"; }
     if [ ! -f "$DIR/test_100_episodes_$seed.jsonl" ]; then
       timed python algorithms/ppo_gae_agent.py --resume "$NEW" --total-iterations 100 --output-dir "$DIR"
       python benchmarks/summarize_run.py "$NEW" --every 160
