@@ -53,6 +53,7 @@
 #      tested greedy and at T = 1.
 #   23. PROCEDURAL_MASKED_B16_1600=1 (after part 22): its runs continued, in a copy, to 1,600 episodes, tested the same
 #      way.
+#   24. PROCEDURAL_MASKED_FP32=1: part 20 in fp32 (without the two bf16 flags), as a CPU without native bf16 runs it.
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -588,6 +589,26 @@ if [ -n "${PROCEDURAL_MASKED_B16_1600:-}" ]; then
     heldout_test "$NEW/model" "$DIR" 100_more "$seed" 0 --mask-illegal-actions --seed 1
     heldout_test "$NEW/model" "$DIR" 100_t1 "$seed" 1 --mask-illegal-actions
     heldout_test "$NEW/model" "$DIR" 100_more_t1 "$seed" 1 --mask-illegal-actions --seed 1
+  done
+fi
+
+if [ -n "${PROCEDURAL_MASKED_FP32:-}" ]; then
+  # 24. Part 20's command without --rollout-dtype/--update-dtype bfloat16: sampler and update in fp32. On a CPU without
+  #     native bf16 matmuls (no AVX512/AMX; e.g. an AVX2-only AMD EPYC) the bf16 flags are emulated and a decode step is
+  #     ~37x slower (benchmarks/results/decode_step_avx2.md), so fp32 is how such a machine runs the recipe: does it
+  #     give part 20's held-out rate? Seeds in SEEDS_MASKED_FP32 (default 1); tested greedy, as part 20.
+  #     Published in benchmarks/results/grpo_agent_procedural.md ("Part 20 in fp32").
+  DIR="$OUT/proc_rel_ent05_top12_masked_fp32"
+  for seed in ${SEEDS_MASKED_FP32:-1}; do
+    RUN=$(latest_run "$DIR" proc_rel_ent05_top12_masked_fp32 "$seed")
+    if [ ! -f "$DIR/test_50_episodes_$seed.jsonl" ]; then
+      train_or_resume "$DIR" proc_rel_ent05_top12_masked_fp32 "$seed" 80 \
+          python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
+                --num-episodes 8 --total-iterations 50 \
+                --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
+                --mask-illegal-actions --exp-name proc_rel_ent05_top12_masked_fp32 --output-dir "$DIR"
+    fi
+    heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
   done
 fi
 

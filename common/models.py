@@ -250,6 +250,27 @@ def _load_adapter(path: Path, device, dtype):
     return model, tok
 
 
+def cpu_bf16_is_native() -> bool:
+    """Whether torch's CPU kernels run bf16 matmuls natively here (oneDNN: AVX512 or AMX). Elsewhere (an AVX2-only
+    CPU) a bf16 matmul falls back to a scalar loop."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+_warned_bf16: set[str] = set()
+
+
+def warn_if_cpu_bf16_is_emulated(flag: str) -> None:
+    """Warn once per flag when a bf16 flag is used on a CPU that emulates bf16 matmuls: there it is not the speed-up
+    the flag exists for but a collapse (an AVX2-only AMD EPYC: one SmolLM2 decode step at B = 16 37x slower than fp32,
+    benchmarks/results/decode_step_avx2.md). The run is still correct, so this warns rather than fails."""
+    if flag in _warned_bf16 or cpu_bf16_is_native():
+        return
+    _warned_bf16.add(flag)
+    warnings.warn(f"{flag}: this CPU has no native bf16 matmuls (no AVX512/AMX), so torch emulates them and the run "
+                  "will be many times slower than in float32 (37x per decode step on an AVX2-only CPU): drop the flag "
+                  "here", RuntimeWarning, stacklevel=3)
+
+
 def autocast(device: torch.device | str, cpu_dtype: str = "float32"):
     """bf16 autocast on CUDA (matmuls in bf16, reductions and the optimizer's weights in fp32). On CPU a no-op
     context unless `cpu_dtype` is "bfloat16": on this project's CPU (AMX) a GRPO update epoch is then 1.8-2.0x
@@ -260,6 +281,7 @@ def autocast(device: torch.device | str, cpu_dtype: str = "float32"):
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     if device.type == "cpu" and cpu_dtype == "bfloat16":
+        warn_if_cpu_bf16_is_emulated("--update-dtype bfloat16")
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -274,6 +296,8 @@ def sampling_copy(model, dtype: str = "float32"):
     and slower. The copy's log-probs differ from the trainer's by bf16 rounding: an importance ratio, as with vLLM."""
     if dtype == "float32":
         return model
+    if next(model.parameters()).device.type == "cpu":
+        warn_if_cpu_bf16_is_emulated("--rollout-dtype bfloat16")
     return copy.deepcopy(model).to(getattr(torch, dtype)).eval().requires_grad_(False)
 
 

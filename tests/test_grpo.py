@@ -183,6 +183,26 @@ def test_bf16_sampling_copy_follows_the_trained_weights_and_its_trunk_feeds_the_
     assert 0 < trunk_gap < 0.05 and 0 < full_gap < 0.05
 
 
+def test_bf16_flags_warn_once_on_a_cpu_that_emulates_bf16(monkeypatch, tiny):
+    """On an AVX2-only CPU torch emulates bf16 matmuls (a decode step 37x slower than fp32): both bf16 flags say so,
+    once each; on a CPU with native bf16 (or for fp32) they stay quiet."""
+    import warnings
+    from common import models
+    model, _ = tiny
+    for native, expected in ((True, []), (False, ["--rollout-dtype bfloat16", "--update-dtype bfloat16"])):
+        monkeypatch.setattr(models, "cpu_bf16_is_native", lambda: native)
+        monkeypatch.setattr(models, "_warned_bf16", set())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):  # a run calls both many times; each warns once
+                models.sampling_copy(model, "float32")
+                models.sampling_copy(model, "bfloat16")
+                with models.autocast("cpu", "float32"), models.autocast("cpu", "bfloat16"):
+                    pass
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert [m.split(":")[0] for m in messages] == expected, messages
+        assert all("no native bf16" in m for m in messages)
+
 def run_grpo(tmp_path, *flags, timeout=1500):
     cmd = [sys.executable, str(ROOT / "algorithms" / "grpo_agent.py"), "--output-dir", str(tmp_path), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
