@@ -595,7 +595,7 @@ fi
 if [ -n "${PROCEDURAL_MASKED_FP32:-}" ]; then
   # 24. Part 20's command without --rollout-dtype/--update-dtype bfloat16: sampler and update in fp32. On a CPU without
   #     native bf16 matmuls (no AVX512/AMX; e.g. an AVX2-only AMD EPYC) the bf16 flags are emulated and a decode step is
-  #     ~37x slower (benchmarks/results/decode_step_avx2.md), so fp32 is how such a machine runs the recipe: does it
+  #     25-28x slower (benchmarks/results/decode_step_avx2.md), so fp32 is how such a machine runs the recipe: does it
   #     give part 20's held-out rate? Seeds in SEEDS_MASKED_FP32 (default 1); tested greedy, as part 20.
   #     Published in benchmarks/results/grpo_agent_procedural.md ("Part 20 in fp32").
   DIR="$OUT/proc_rel_ent05_top12_masked_fp32"

@@ -261,20 +261,20 @@ _warned_bf16: set[str] = set()
 
 def warn_if_cpu_bf16_is_emulated(flag: str) -> None:
     """Warn once per flag when a bf16 flag is used on a CPU that emulates bf16 matmuls: there it is not the speed-up
-    the flag exists for but a collapse (an AVX2-only AMD EPYC: one SmolLM2 decode step at B = 16 37x slower than fp32,
-    benchmarks/results/decode_step_avx2.md). The run is still correct, so this warns rather than fails."""
+    the flag exists for but a collapse (an AVX2-only AMD EPYC: one SmolLM2 decode step at B = 16 25-28x slower than
+    fp32, benchmarks/results/decode_step_avx2.md). The run is still correct, so this warns rather than fails."""
     if flag in _warned_bf16 or cpu_bf16_is_native():
         return
     _warned_bf16.add(flag)
     warnings.warn(f"{flag}: this CPU has no native bf16 matmuls (no AVX512/AMX), so torch emulates them and the run "
-                  "will be many times slower than in float32 (37x per decode step on an AVX2-only CPU): drop the flag "
-                  "here", RuntimeWarning, stacklevel=3)
+                  "will be many times slower than in float32 (a decode step 25-28x slower on an AVX2-only CPU): drop "
+                  "the flag here", RuntimeWarning, stacklevel=3)
 
 
 def autocast(device: torch.device | str, cpu_dtype: str = "float32"):
     """bf16 autocast on CUDA (matmuls in bf16, reductions and the optimizer's weights in fp32). On CPU a no-op
-    context unless `cpu_dtype` is "bfloat16": on this project's CPU (AMX) a GRPO update epoch is then 1.8-2.0x
-    faster (benchmarks/results/update_step.md); on a CPU without AMX or AVX512-BF16 bf16 is emulated and slower.
+    context unless `cpu_dtype` is "bfloat16": on a CPU with AMX a GRPO update epoch is then 1.8-2.0x faster
+    (benchmarks/results/update_step.md); on one without native bf16 it is emulated and much slower (it warns).
     The cost: an action's log-prob moves ~0.016 nats from the fp32 one there (the default keeps trainer and fp32
     sampler exact)."""
     device = torch.device(device)
@@ -291,9 +291,9 @@ def sampling_copy(model, dtype: str = "float32"):
     that `refresh_sampling_copy` brings up to date after each update (the trainer keeps its fp32 weights).
 
     Why: a decode step reads every weight and the whole KV cache for one token per row, so it is bound by memory
-    traffic; in bf16 it reads half the bytes. On a CPU with AVX512-BF16 (this project's machine) that is 1.2-2x the
-    decode tokens/s of fp32 (benchmarks/results/decode_step_bf16.md); on a CPU without it bf16 matmuls are emulated
-    and slower. The copy's log-probs differ from the trainer's by bf16 rounding: an importance ratio, as with vLLM."""
+    traffic; in bf16 it reads half the bytes. On a CPU with AVX512-BF16 that is 1.2-2x the decode tokens/s of
+    fp32 (benchmarks/results/decode_step_bf16.md); on a CPU without native bf16 matmuls they are emulated and much
+    slower (benchmarks/results/decode_step_avx2.md; it warns). The copy's log-probs differ from the trainer's by bf16 rounding: an importance ratio, as with vLLM."""
     if dtype == "float32":
         return model
     if next(model.parameters()).device.type == "cpu":

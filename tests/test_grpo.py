@@ -184,7 +184,7 @@ def test_bf16_sampling_copy_follows_the_trained_weights_and_its_trunk_feeds_the_
 
 
 def test_bf16_flags_warn_once_on_a_cpu_that_emulates_bf16(monkeypatch, tiny):
-    """On an AVX2-only CPU torch emulates bf16 matmuls (a decode step 37x slower than fp32): both bf16 flags say so,
+    """On an AVX2-only CPU torch emulates bf16 matmuls (a decode step 25-28x slower than fp32): both bf16 flags say so,
     once each; on a CPU with native bf16 (or for fp32) they stay quiet."""
     import warnings
     from common import models
