@@ -328,6 +328,8 @@ PROCEDURAL_PPO = [
     ("ppo_gae_agent_procedural_shaped_ent05_top12_masked.jsonl", (f"{_ENT}, top 12 layers, invalid-action masking "
      "(`--mask-illegal-actions`: trained and tested choosing only moves no wall blocks; its own action space)"), 0.0,
      [400], "PROCEDURAL_SHAPED_MASKED (part 20)"),
+    ("ppo_gae_agent_procedural_shaped_ent05_top12_masked_fp32.jsonl", (f"{_ENT}, top 12 layers, masked, in fp32 "
+     "(part 20 without the two bf16 flags, on an AVX2-only CPU)"), 0.0, [400], "PROCEDURAL_MASKED_FP32 (part 24)"),
     ("ppo_gae_agent_procedural_visits_top12_masked.jsonl", (f"{_ENT}, top 12 layers, masked, with visit counts "
      "(`gridworld-procedural-relative-visits-shaped`; tested on `-relative-visits`: the same layouts, the text plus "
      "a line of visit counts)"), 0.0, [400], "PROCEDURAL_VISITS_MASKED (part 21)"),
