@@ -293,7 +293,8 @@ def sampling_copy(model, dtype: str = "float32"):
     Why: a decode step reads every weight and the whole KV cache for one token per row, so it is bound by memory
     traffic; in bf16 it reads half the bytes. On a CPU with AVX512-BF16 that is 1.2-2x the decode tokens/s of
     fp32 (benchmarks/results/decode_step_bf16.md); on a CPU without native bf16 matmuls they are emulated and much
-    slower (benchmarks/results/decode_step_avx2.md; it warns). The copy's log-probs differ from the trainer's by bf16 rounding: an importance ratio, as with vLLM."""
+    slower (benchmarks/results/decode_step_avx2.md; it warns). The copy's log-probs differ from the trainer's by
+    bf16 rounding: an importance ratio, as with vLLM."""
     if dtype == "float32":
         return model
     if next(model.parameters()).device.type == "cpu":

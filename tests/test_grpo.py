@@ -203,6 +203,7 @@ def test_bf16_flags_warn_once_on_a_cpu_that_emulates_bf16(monkeypatch, tiny):
         assert [m.split(":")[0] for m in messages] == expected, messages
         assert all("no native bf16" in m for m in messages)
 
+
 def run_grpo(tmp_path, *flags, timeout=1500):
     cmd = [sys.executable, str(ROOT / "algorithms" / "grpo_agent.py"), "--output-dir", str(tmp_path), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
