@@ -54,6 +54,8 @@
 #   23. PROCEDURAL_MASKED_B16_1600=1 (after part 22): its runs continued, in a copy, to 1,600 episodes, tested the same
 #      way.
 #   24. PROCEDURAL_MASKED_FP32=1: part 20 in fp32 (without the two bf16 flags), as a CPU without native bf16 runs it.
+#   25. NO_MASK=1 with part 22's and 23's switches: their commands without --mask-illegal-actions (training and tests),
+#       in their own directories, the unmasked counterpart (the action space issue 9's target is written for).
 # Machine: 2-core x86_64 CPU shared with other jobs (parts 1-5); alone (part 6).
 #   bash benchmarks/ppo_gae_agent.sh          # runs under benchmarks/runs/ppo_gae_agent (OUT=... to change)
 set -euo pipefail
@@ -539,6 +541,10 @@ if [ -n "${PROCEDURAL_VISITS_MASKED:-}" ]; then
   done
 fi
 
+# Part 25: NO_MASK=1 runs parts 22 and 23 without --mask-illegal-actions, in training and in every test, under
+# proc_rel_ent05_top12_b16{,_1600} (the experiment name is the directory's).
+if [ -n "${NO_MASK:-}" ]; then MASK=(); B16=proc_rel_ent05_top12_b16; else
+  MASK=(--mask-illegal-actions); B16=proc_rel_ent05_top12_masked_b16; fi
 if [ -n "${PROCEDURAL_MASKED_B16:-}" ]; then
   # 22. Part 20 (masked, 12 trained layers, 50 iterations) with 16 episodes per iteration instead of 8: every update
   #     sees twice as many layouts, for as many updates, so 800 episodes. Part 20's seed 2, continued to 800 episodes
@@ -546,21 +552,21 @@ if [ -n "${PROCEDURAL_MASKED_B16:-}" ]; then
   #     and a batch twice as large halves the variance of the gradient estimate. Seeds in SEEDS_MASKED_B16 (default
   #     1 2 3); a seed whose test file exists is skipped, an interrupted run is resumed.
   #     Published in benchmarks/results/grpo_agent_procedural.md ("Sixteen layouts per update").
-  DIR="$OUT/proc_rel_ent05_top12_masked_b16"
+  DIR="$OUT/$B16"
   for seed in ${SEEDS_MASKED_B16:-1 2 3}; do
-    RUN=$(latest_run "$DIR" proc_rel_ent05_top12_masked_b16 "$seed")
+    RUN=$(latest_run "$DIR" "$B16" "$seed")
     if [ ! -f "$DIR/test_50_episodes_$seed.jsonl" ]; then
-      train_or_resume "$DIR" proc_rel_ent05_top12_masked_b16 "$seed" 160 \
+      train_or_resume "$DIR" "$B16" "$seed" 160 \
           python algorithms/ppo_gae_agent.py --env-id gridworld-procedural-relative-shaped --learning-rate 1e-4 \
                 --num-episodes 16 --total-iterations 50 --rollout-dtype bfloat16 --update-dtype bfloat16 \
                 --checkpoint-every 5 --save-model --eval-every 10 --seed "$seed" --ent-coef 0.05 --trainable-layers 12 \
-                --mask-illegal-actions --exp-name proc_rel_ent05_top12_masked_b16 --output-dir "$DIR"
+                "${MASK[@]}" --exp-name "$B16" --output-dir "$DIR"
     fi
-    heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 --mask-illegal-actions
-    heldout_test "$RUN/model" "$DIR" 50_t1 "$seed" 1 --mask-illegal-actions  # sampled at T = 1, as parts 15-19
+    heldout_test "$RUN/model" "$DIR" 50 "$seed" 0 "${MASK[@]}"
+    heldout_test "$RUN/model" "$DIR" 50_t1 "$seed" 1 "${MASK[@]}"  # sampled at T = 1, as parts 15-19
     # 50 other held-out layouts (environment seeds 100000-100049: none of the first 50's layouts), greedy and at T = 1
-    heldout_test "$RUN/model" "$DIR" 50_more "$seed" 0 --mask-illegal-actions --seed 1
-    heldout_test "$RUN/model" "$DIR" 50_more_t1 "$seed" 1 --mask-illegal-actions --seed 1
+    heldout_test "$RUN/model" "$DIR" 50_more "$seed" 0 "${MASK[@]}" --seed 1
+    heldout_test "$RUN/model" "$DIR" 50_more_t1 "$seed" 1 "${MASK[@]}" --seed 1
   done
 fi
 
@@ -571,11 +577,11 @@ if [ -n "${PROCEDURAL_MASKED_B16_1600:-}" ]; then
   #     DIR; seeds in SEEDS_MASKED_B16_1600 (default 1 2 3); a seed whose test file exists is skipped, an interrupted
   #     run continues from its last checkpoint (the copy is made once).
   #     Published in benchmarks/results/grpo_agent_procedural.md ("Sixteen layouts per update, longer").
-  SRC="$OUT/proc_rel_ent05_top12_masked_b16"
-  DIR="$OUT/proc_rel_ent05_top12_masked_b16_1600"
+  SRC="$OUT/$B16"
+  DIR="$OUT/${B16}_1600"
   mkdir -p "$DIR"
   for seed in ${SEEDS_MASKED_B16_1600:-1 2 3}; do
-    RUN=$(latest_run "$SRC" proc_rel_ent05_top12_masked_b16 "$seed")
+    RUN=$(latest_run "$SRC" "$B16" "$seed")
     [ -n "$RUN" ] || { echo "part 23 needs part 22's run of seed $seed in $SRC (PROCEDURAL_MASKED_B16=1)" >&2; exit 1; }
     NEW="$DIR/$(basename "$RUN")"
     [ -d "$NEW" ] || { rm -rf "$NEW.copy"; mkdir -p "$NEW.copy"  # renamed when whole: an interrupted copy is redone
@@ -585,10 +591,10 @@ if [ -n "${PROCEDURAL_MASKED_B16_1600:-}" ]; then
       timed python algorithms/ppo_gae_agent.py --resume "$NEW" --total-iterations 100 --output-dir "$DIR"
       python benchmarks/summarize_run.py "$NEW" --every 160
     fi
-    heldout_test "$NEW/model" "$DIR" 100 "$seed" 0 --mask-illegal-actions
-    heldout_test "$NEW/model" "$DIR" 100_more "$seed" 0 --mask-illegal-actions --seed 1
-    heldout_test "$NEW/model" "$DIR" 100_t1 "$seed" 1 --mask-illegal-actions
-    heldout_test "$NEW/model" "$DIR" 100_more_t1 "$seed" 1 --mask-illegal-actions --seed 1
+    heldout_test "$NEW/model" "$DIR" 100 "$seed" 0 "${MASK[@]}"
+    heldout_test "$NEW/model" "$DIR" 100_more "$seed" 0 "${MASK[@]}" --seed 1
+    heldout_test "$NEW/model" "$DIR" 100_t1 "$seed" 1 "${MASK[@]}"
+    heldout_test "$NEW/model" "$DIR" 100_more_t1 "$seed" 1 "${MASK[@]}" --seed 1
   done
 fi
 

@@ -343,6 +343,11 @@ PROCEDURAL_PPO = [
        "masked, 16 episodes per iteration, the same runs continued" + (", tested on 50 other held-out layouts" if more
        else "")), temperature, [1600], "PROCEDURAL_MASKED_B16_1600 (part 23)")
       for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_b16{more}{suffix}.jsonl", (f"{_ENT}, top 12 layers, 16 episodes "
+       "per iteration, unmasked (part 22 without `--mask-illegal-actions`, trained and tested on all four moves)"
+       + (", tested on 50 other held-out layouts" if more else "")), temperature, [800],
+       "NO_MASK PROCEDURAL_MASKED_B16 (part 25)")
+      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
@@ -365,9 +370,10 @@ def ppo_procedural() -> str:
         for length, seeds in sorted(by_length.items()):
             cells = [f"{seeds[s]:.0%}" if s in seeds else "" for s in (1, 2, 3)]
             evaluated = "greedy" if temperature == 0 else f"T = {temperature:g}"
-            variable, part = switch.split(" ", 1)
+            variables, part = switch.split(" (", 1)  # "SWITCH [SWITCH ...] (part N)"
+            command = " ".join(f"{variable}=1" for variable in variables.split())
             lines.append(f"| {trained} | {length:,} | {evaluated} | " + " | ".join(cells)
-                         + f" | {_mean_std_over_seeds(list(seeds.values()))} | `{variable}=1` {part} |")
+                         + f" | {_mean_std_over_seeds(list(seeds.values()))} | `{command}` ({part} |")
     untrained = next((r for r in _jsonl_rows("grpo_agent_procedural_relative.jsonl")
                       if r["settings"]["model"] == "smollm2-135m"
                       and json.loads(r["settings"]["env_kwargs"]) == {"split": "test"}), None)
