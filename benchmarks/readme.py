@@ -348,6 +348,10 @@ PROCEDURAL_PPO = [
        + (", tested on 50 other held-out layouts" if more else "")), temperature, [800],
        "NO_MASK PROCEDURAL_MASKED_B16 (part 25)")
       for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_b16_1600{more}{suffix}.jsonl", (f"{_ENT}, top 12 layers, 16 "
+       "episodes per iteration, unmasked, the same runs continued" + (", tested on 50 other held-out layouts" if more
+       else "")), temperature, [1600], "NO_MASK PROCEDURAL_MASKED_B16_1600 (part 25)")
+      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
