@@ -582,7 +582,7 @@ if [ -n "${PROCEDURAL_MASKED_B16_1600:-}" ]; then
   mkdir -p "$DIR"
   for seed in ${SEEDS_MASKED_B16_1600:-1 2 3}; do
     RUN=$(latest_run "$SRC" "$B16" "$seed")
-    [ -n "$RUN" ] || { echo "part 23 needs part 22's run of seed $seed in $SRC (PROCEDURAL_MASKED_B16=1)" >&2; exit 1; }
+    [ -n "$RUN" ] || { echo "part 23 needs part 22's run of seed $seed in $SRC (${NO_MASK:+NO_MASK=1 }PROCEDURAL_MASKED_B16=1)" >&2; exit 1; }
     NEW="$DIR/$(basename "$RUN")"
     [ -d "$NEW" ] || { rm -rf "$NEW.copy"; mkdir -p "$NEW.copy"  # renamed when whole: an interrupted copy is redone
                        cp "$RUN"/{args.json,checkpoint.json,checkpoint-000050.pt} "$RUN"/events.* "$NEW.copy/"
