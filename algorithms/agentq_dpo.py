@@ -185,6 +185,8 @@ def validate_args(args: Args):
         problems.append(f"--num-tasks {args.num_tasks} must be divisible by the {dist_info()[2]} processes")
     if args.fsdp and dist_info()[2] < 2:
         problems.append("--fsdp shards over torchrun processes: run it with torchrun --nproc_per_node N (N >= 2)")
+    if args.fsdp and args.pair_level == "both" and args.action_mode != "free":  # a sharded forward is collective
+        problems.append("--fsdp takes --pair-level step or trajectory in choice/auto mode (both: unequal forwards per rank)")
     if problems:
         raise SystemExit("agentq_dpo.py: " + "; ".join(problems))
 
@@ -565,8 +567,7 @@ if __name__ == "__main__":
             "diagnostics/reward_margin": float((chosen - rejected).mean()),
             "diagnostics/reward_accuracy": float((chosen > rejected).mean()) if pairs else 0.0,
             "diagnostics/q_gap_mean": mean([p.gap for p in pairs]),
-            "diagnostics/tree_nodes": mean(found["nodes"]),
-            "diagnostics/grad_norm": mean(stats["grad_norm"]),
+            "diagnostics/tree_nodes": mean(found["nodes"]), "diagnostics/grad_norm": mean(stats["grad_norm"]),
             "perf/search_s": search_s, "perf/update_s": update_s, "perf/search_tokens_per_s": tokens / search_s,
         }
         if world > 1:  # every rank applied the same summed gradients: their weights must agree exactly

@@ -241,7 +241,7 @@ def bc_loss(q: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
 # ---- the state encoder: the LM's last hidden state of the chat-formatted state text ---------------------
 def state_texts(history: list[str], observation: str, k: int) -> tuple[str, ...]:
     """[obs_{t-K}, a_{t-K}, ..., obs_{t-1}, a_{t-1}, obs_t]: the last K turns and the current observation."""
-    return tuple((history[len(history) - 2 * k:] if k else []) + [observation])
+    return tuple((history[max(0, len(history) - 2 * k):] if k else []) + [observation])  # (fewer turns early on)
 
 
 def state_ids(chat: ChatFormat, system: str, texts: tuple[str, ...]) -> list[int]:

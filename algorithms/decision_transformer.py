@@ -286,16 +286,17 @@ def pad_right(seqs: list[list[int]], value: int) -> torch.Tensor:
 # ---- evaluation: condition on R*, subtract rewards, choose by scoring action names -----------------------
 @torch.no_grad()
 def evaluate(model, fmt: StepFormat, env_id: str, targets: list[float], episodes: int, seed: int,
-             context_len: int, pad_id: int) -> list[dict]:
+             context_len: int, pad_id: int, env_kwargs: dict | None = None) -> list[dict]:
     """Greedy episodes for every target R* (episodes × targets run in lockstep, one batched forward per step).
 
     Each step the prompt is the last K−1 completed steps plus (R̂_t, s_t); every action name is scored
     after it (joint log-prob of its tokens, `common.rollout.score_candidates`) and the argmax is taken.
-    After the step R̂_{t+1} = R̂_t − r_t (DT, Algorithm 1). Returns one dict per target.
+    After the step R̂_{t+1} = R̂_t − r_t (DT, Algorithm 1). `env_kwargs`: the dataset's (its meta file), so the
+    episodes are played in the environment the data came from. Returns one dict per target.
     """
     device = next(model.parameters()).device
     runs = [(r, e) for r in targets for e in range(episodes)]
-    env_list = [envs.make(env_id) for _ in runs]
+    env_list = [envs.make(env_id, **(env_kwargs or {})) for _ in runs]
     candidates = [fmt.encode(name) for name in env_list[0].action_names]
     obs = [env.reset(seed=(1 << 40) + seed * 1000 + e)[0] for env, (_, e) in zip(env_list, runs)]
     rtg = [float(r) for r, _ in runs]
@@ -340,6 +341,9 @@ def load_or_collect(args: Args) -> tuple[list[Trajectory], dict]:
         trajs, meta = offline.load_dataset(args.dataset)
         if meta.get("env_id") not in (None, args.env_id):
             raise SystemExit(f"--dataset was collected on {meta['env_id']!r}, not --env-id {args.env_id!r}")
+        if lacking := sum("initial_observation" not in t.extra for t in trajs):  # agent logs lack s_1 (see below)
+            raise SystemExit(f"--dataset {args.dataset}: {lacking} trajectories lack extra['initial_observation']: not an "
+                             "offline dataset (convert agent logs with common.offline.from_agent_records)")
         return trajs, meta
     trajs = offline.collect(args.env_id, args.dataset_quality, args.dataset_episodes, args.seed, args.dataset_epsilon)
     return trajs, {"env_id": args.env_id, "quality": args.dataset_quality, "episodes": args.dataset_episodes}
@@ -415,7 +419,7 @@ if __name__ == "__main__":
         model.eval()
         with gathered(fsdp_layers):
             results = evaluate(model, fmt, args.env_id, targets, args.eval_episodes, args.seed, args.context_len,
-                               pad_id) if rank == 0 else []
+                               pad_id, meta.get("env_kwargs")) if rank == 0 else []
         tracker.scalars({"perf/eval_s": time.time() - te}, step)
         return results
 

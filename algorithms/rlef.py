@@ -478,31 +478,32 @@ if __name__ == "__main__":
         kept, kept_inputs, all_trajs, budget = [], [], [], args.resample_budget
         filtered_solved = filtered_unsolved = groups_sampled = sandbox_errors = 0
         wanted = args.num_groups
-        while wanted > 0:
-            # task seeds are unique per (seed, rank, draw): never the eval seeds
-            task_seeds = [(args.seed * 1000 + rank) * 1_000_000 + task_counter + j for j in range(wanted)]
-            task_counter += wanted
-            seeds = [s for s in task_seeds for _ in range(args.group_size)]
-            with autocast(device), gathered(fsdp_layers):  # FSDP: whole weights, as ranks' rollouts differ in length
+        # FSDP: whole weights (rollouts differ in length), gathered once: ranks resample different numbers of times
+        with autocast(device), gathered(fsdp_layers):
+            while wanted > 0:
+                # task seeds are unique per (seed, rank, draw): never the eval seeds
+                task_seeds = [(args.seed * 1000 + rank) * 1_000_000 + task_counter + j for j in range(wanted)]
+                task_counter += wanted
+                seeds = [s for s in task_seeds for _ in range(args.group_size)]
                 trajs = engine.run([make_train_env(level) for _ in seeds], seeds, args.env_id,
                                    policy_version=iteration - 1, generator=sample_gen)
-            all_trajs += trajs
-            groups_sampled += wanted
-            for g in range(wanted):
-                group = trajs[g * args.group_size:(g + 1) * args.group_size]
-                if any(t.termination == "error" for t in group):  # the sandbox failed, not the agent: drop it
-                    sandbox_errors += 1
-                    continue
-                if np.std([t.return_ for t in group]) < 1e-8:
-                    filtered_solved += all(t.success for t in group)
-                    filtered_unsolved += not all(t.success for t in group)
-                    if args.filter_zero_variance:
+                all_trajs += trajs
+                groups_sampled += wanted
+                for g in range(wanted):
+                    group = trajs[g * args.group_size:(g + 1) * args.group_size]
+                    if any(t.termination == "error" for t in group):  # the sandbox failed, not the agent: drop it
+                        sandbox_errors += 1
                         continue
-                kept.append(group)
-                if frozen_below is not None:
-                    kept_inputs.append(engine.layer_inputs[g * args.group_size:(g + 1) * args.group_size])
-            wanted = min(args.num_groups - len(kept), budget)
-            budget -= wanted
+                    if np.std([t.return_ for t in group]) < 1e-8:
+                        filtered_solved += all(t.success for t in group)
+                        filtered_unsolved += not all(t.success for t in group)
+                        if args.filter_zero_variance:
+                            continue
+                    kept.append(group)
+                    if frozen_below is not None:
+                        kept_inputs.append(engine.layer_inputs[g * args.group_size:(g + 1) * args.group_size])
+                wanted = min(args.num_groups - len(kept), budget)
+                budget -= wanted
         rollout_s = time.time() - t0
         sandbox_s = sum(turn.env_s for t in all_trajs for turn in t.turns)  # envs are stepped one after another
         episodes_seen += len(all_trajs) * args.world_size
@@ -550,8 +551,7 @@ if __name__ == "__main__":
             "diagnostics/truncated_turn_rate": float(np.mean([turn.truncated_tokens for t in all_trajs for turn in t.turns])),
             "perf/rollout_s": rollout_s,
             "perf/decode_s": rollout_s - sandbox_s,  # prefill + sampling (the engine's forward passes)
-            "perf/sandbox_s": sandbox_s,
-            "perf/update_s": update_s, "perf/weight_sync_s": sync_s,
+            "perf/sandbox_s": sandbox_s, "perf/update_s": update_s, "perf/weight_sync_s": sync_s,
             "perf/iteration_s": rollout_s + update_s,
             "perf/rollout_tokens_per_s": sum(len(t.token_ids) for t in all_trajs) / rollout_s,
             "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in all_trajs) / rollout_s,

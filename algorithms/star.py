@@ -320,8 +320,10 @@ if __name__ == "__main__":
         engine.config = config or engine.config
         t0 = time.time()
         wrapped = [PromptedEnv(make_env(args, split), system, hint_shots if hint else shots, hint) for _ in seeds]
-        with gathered(fsdp_layers):  # FSDP: whole weights, as ranks' samples differ in length
-            trajs = engine.run(wrapped, seeds, args.env_id, policy_version=iteration - 1, generator=sample_gen)
+        with gathered(fsdp_layers):  # FSDP: whole weights, as ranks' samples differ in length (a collective: a rank
+            # with nothing to sample joins it too)
+            trajs = [] if not seeds else engine.run(wrapped, seeds, args.env_id, policy_version=iteration - 1,
+                                                    generator=sample_gen)
         engine.config = sampling
         seconds = time.time() - t0
         return trajs, seconds, sum(len(t.token_ids) for t in trajs) / max(seconds, 1e-9)
@@ -363,7 +365,9 @@ if __name__ == "__main__":
         # ---- (3) rationalise the failures: z_rat ~ M_{k-1}(. | x_i, y*_i), kept if it reaches y*_i, trained
         # on WITHOUT the hint: the prompt ids are x_i's from (1), the rationale ids are those sampled ----
         rationalize_s, hinted = 0.0, []
-        if args.rationalize and failed:
+        # under FSDP every rank samples (within a collective gather) if any rank has a failure to rationalise
+        any_failed = all_reduce_sum({"n": len(failed)})["n"] > 0 if fsdp_layers else bool(failed)
+        if args.rationalize and any_failed:
             hinted, rationalize_s, _ = run(failed, hint=True)
             for t in hinted:
                 ok, why = keep(t, chat.eos_id, args.require_eos, HINT_LEAK if args.filter_hint_leaks else None)

@@ -382,3 +382,18 @@ def test_fsdp_takes_the_data_parallel_steps(tmp_path):
 def test_fsdp_needs_torchrun():
     with pytest.raises(SystemExit, match="--fsdp shards over torchrun processes"):
         agentq.validate_args(agentq.Args(fsdp=True))
+
+
+def test_fsdp_refuses_both_pair_levels_in_choice_mode():
+    """A choice-mode minibatch scores step pairs and trajectory pairs in separate forwards, so under --fsdp ranks
+    holding different kinds of pairs would enter different numbers of collective (sharded) forwards and hang."""
+    for mode in ("choice", "auto"):
+        with pytest.raises(SystemExit, match="--fsdp takes --pair-level step or trajectory"):
+            agentq.validate_args(agentq.Args(fsdp=True, pair_level="both", action_mode=mode))
+    for level in ("step", "trajectory"):
+        with pytest.raises(SystemExit) as e:  # (only for want of torchrun here)
+            agentq.validate_args(agentq.Args(fsdp=True, pair_level=level))
+        assert "--pair-level" not in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        agentq.validate_args(agentq.Args(fsdp=True, pair_level="both", action_mode="free"))
+    assert "--pair-level" not in str(e.value)

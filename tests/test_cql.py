@@ -76,6 +76,9 @@ def test_state_text_window_and_ids(tiny):
     assert cql.state_texts(hist, "o2", 0) == ("o2",)
     assert cql.state_texts(hist, "o2", 1) == ("o1", "left", "o2")
     assert cql.state_texts(hist, "o2", 5) == ("o0", "up", "o1", "left", "o2")
+    for k in (2, 3, 4):  # fewer past turns than K: all of them (a negative slice start would keep only the last)
+        assert cql.state_texts(hist, "o2", k) == ("o0", "up", "o1", "left", "o2")
+    assert cql.state_texts(hist[:2], "o1", 3) == ("o0", "up", "o1")
     ids = cql.state_ids(chat, "SYS", ("o1", "left", "o2"))
     text = tok.decode(ids)
     assert text == ("<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\no1<|im_end|>\n<|im_start|>assistant\n"

@@ -164,6 +164,23 @@ def test_evaluation_subtracts_each_reward_from_the_target(tiny):
         assert next_rtg == pytest.approx(rtg - reward)
 
 
+def test_evaluation_plays_the_datasets_environment_settings(tiny):
+    """The dataset's env_kwargs (its meta file) reach the evaluation episodes: a 3-step limit shows in every prompt's
+    state and ends every episode by step 3 (GridWorld's default limit is 20)."""
+    model, tok = tiny
+    seen = []
+
+    class Recording(dt.StepFormat):
+        def context(self, rtg, observation):
+            seen.append(observation)
+            return super().context(rtg, observation)
+
+    res = dt.evaluate(model, Recording(tok), "gridworld", [0.0, 4.0], episodes=2, seed=0, context_len=1,
+                      pad_id=tok.pad_token_id, env_kwargs={"max_steps": 3})
+    assert seen and all("/3." in obs for obs in seen)
+    assert all(r["episode_length"] <= 3 for r in res)
+
+
 def test_tiny_run_completes_on_cpu_learns_and_logs_the_sweep(tmp_path):
     data = tmp_path / "gw.jsonl"
     write_dataset(data, collect("gridworld", "suboptimal", 8, seed=0, epsilon=0.5), {"env_id": "gridworld"})
@@ -188,6 +205,16 @@ def test_bad_dataset_path_fails_with_the_flag_name(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "algorithms" / "decision_transformer.py"), "--model", "tiny",
                            "--dataset", str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "--dataset" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_agent_records_as_dataset_fail_with_a_clear_message(tmp_path):
+    """An agent's own log (no extra["initial_observation"]) is refused on loading, not minutes later in training."""
+    trajs = collect("gridworld", "suboptimal", 2, seed=0, epsilon=0.5)
+    for t in trajs:
+        t.extra.pop("initial_observation")
+    write_dataset(tmp_path / "log.jsonl", trajs, {"env_id": "gridworld"})
+    with pytest.raises(SystemExit, match="2 trajectories lack extra.*from_agent_records"):
+        dt.load_or_collect(dt.Args(dataset=str(tmp_path / "log.jsonl"), env_id="gridworld"))
 
 
 @pytest.mark.slow

@@ -320,16 +320,17 @@ class RankShapedCodegen(CodegenEnv):
 
 def test_fsdp_takes_the_data_parallel_steps(tmp_path):
     """2 gloo ranks, every layer trained: --fsdp (decoder layers sharded) against plain data parallel on the same
-    seeds, with the SFT cold start, evaluation on rank 0 and a rank whose group is dropped (it joins the sharded
-    collectives with zero-weight passes; without them the run would hang). Same losses, gradient norms, returns,
-    evaluation and saved weights, up to float noise."""
+    seeds, with the SFT cold start, evaluation on rank 0 and a rank whose group is dropped and resampled twice (the
+    default --resample-budget) while the other rank's is kept: ranks resample different numbers of times, and it joins
+    the sharded collectives with zero-weight passes; a gather per resampling pass, or no such passes, would hang the
+    run. Same losses, gradient norms, returns, evaluation and saved weights, up to float noise."""
     import os
 
     (tmp_path / "rank_shaped.py").write_text(RANK_SHAPED_CODEGEN)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
     flags = ["--model", "tiny", "--env-id", "rank_shaped:RankShapedCodegen", "--group-size", "4", "--max-turn-tokens", "8",
              "--micro-batch-size", "2", "--trainable-layers", "0", "--learning-rate", "1e-2", "--sft-steps", "1",
-             "--sft-batch-size", "2", "--resample-budget", "0", "--eval-tasks", "1", "--eval-samples", "2", "--eval-k", "2",
+             "--sft-batch-size", "2", "--eval-tasks", "1", "--eval-samples", "2", "--eval-k", "2",
              "--humaneval-tasks", "0", "--total-iterations", "2", "--save-model"]
     _, expected = assert_fsdp_matches_data_parallel(
         "rlef.py", tmp_path, flags, ("losses/sft_loss", "losses/policy_loss", "diagnostics/grad_norm",

@@ -2,6 +2,7 @@
 the SFT loss is the masked NLL of eq. 12.5, and a `--model tiny` run does >= 2 outer iterations."""
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,14 @@ class CoinFlipArithmetic(ArithmeticEnv):
     def step(self, action):
         lucky = isinstance(action, str) and action[:1] and ord(action[0]) % 2 == 0
         return super().step(f"Answer: {self.answer}" if lucky else "no answer")
+
+
+class RankZeroSolvesAll(CoinFlipArithmetic):
+    """CoinFlipArithmetic, except that on torchrun rank 0 every reply is the correct answer: rank 0 has no failure
+    to rationalise while rank 1 has some."""
+
+    def step(self, action):
+        return super().step("0" if os.environ.get("RANK", "0") == "0" else action)
 
 
 def _engine(tiny, temperature=1.0, max_new_tokens=6):
@@ -217,14 +226,19 @@ def test_lora_saves_only_the_adapter(tmp_path):
 def test_fsdp_takes_the_data_parallel_steps(tmp_path):
     """2 gloo ranks: --fsdp (decoder layers sharded) against plain data parallel on the same seeds. The ranks keep
     different numbers of examples, so under FSDP the one with fewer micro-batches runs zero-weight passes to join the
-    sharded collectives (without them the run hangs). Same SFT losses, kept counts, held-out solve rates and saved
-    weights, up to float noise."""
-    flags = ["--model", "tiny", *star.SMOKE_TEST_ARGS, "--num-problems", "8", "--learning-rate", "1e-3",
-             "--micro-batch-size", "1", "--save-model"]
+    sharded collectives; rank 0 solves every problem, so it has nothing to rationalise while rank 1 does, and it
+    joins rank 1's weight gather anyway (without either the run hangs). Same SFT losses, kept counts, held-out solve
+    rates and saved weights, up to float noise."""
+    smoke = [a if a != "tests.test_star:CoinFlipArithmetic" else "tests.test_star:RankZeroSolvesAll"
+             for a in star.SMOKE_TEST_ARGS]
+    flags = ["--model", "tiny", *smoke, "--num-problems", "8", "--learning-rate", "1e-3", "--micro-batch-size", "1",
+             "--save-model"]
     _, expected = assert_fsdp_matches_data_parallel(
         "star.py", tmp_path, flags, ("losses/sft_loss", "losses/sft_loss_last", "charts/kept_direct",
-                                     "charts/success_rate", "eval/success_rate"), cwd=tmp_path)
+                                     "charts/kept_rationalized", "charts/success_rate", "eval/success_rate"),
+        cwd=tmp_path)
     assert sum(v for _, v in expected["losses/sft_loss"]) > 0
+    assert all(0 < v < 1 for _, v in expected["charts/success_rate"])  # rank 0 solves all, rank 1 not
 
 
 def test_fsdp_needs_torchrun():
