@@ -316,8 +316,10 @@ class MiniLMEmbedder:
 
 
 def retrieve_demonstrations(buffer: TrajectoryBuffer, goal: str, k: int, embed_fn) -> list[Trajectory]:
-    """Eq. 12.4: the top-k successful trajectories of the buffer by cosine similarity of Embed(goal)."""
-    return buffer.retrieve(embed_fn(goal), k, embed_fn) if len(buffer) else []
+    """Eq. 12.4: the top-k successful trajectories of the buffer by cosine similarity of Embed(goal); successful as
+    the evaluator judged it (extra["solved"], which --success-threshold sets), else termination "success"."""
+    solved = lambda t: t.extra.get("solved", t.success)  # noqa: E731
+    return buffer.retrieve(embed_fn(goal), k, embed_fn, solved) if len(buffer) else []
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:

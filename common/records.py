@@ -256,14 +256,15 @@ class TrajectoryBuffer:
             min_dist[picked] = -1.0
         return [pool[i] for i in picked]
 
-    def retrieve(self, query_embedding: np.ndarray, k: int,
-                 embed_fn: Callable[[str], np.ndarray]) -> list[Trajectory]:
+    def retrieve(self, query_embedding: np.ndarray, k: int, embed_fn: Callable[[str], np.ndarray],
+                 solved: Callable[[Trajectory], bool] | None = None) -> list[Trajectory]:
         """Experience retrieval (seed 000 eq. 12.4): the top-k successful trajectories by cosine
         similarity between `query_embedding` and embed_fn(goal), goal = extra["goal"] or task_id.
-        Embeddings are cached per goal text (same goal, same embedding) for this embed_fn."""
+        Embeddings are cached per goal text (same goal, same embedding) for this embed_fn.
+        `solved`: what counts as a success (default: termination "success"), e.g. a caller's own evaluator."""
         if embed_fn is not self._embed_fn:
             self._embed_fn, self._embeddings = embed_fn, {}
-        pool = self.successful()
+        pool = self.successful() if solved is None else [t for t in self._items if solved(t)]
         if k <= 0 or not pool:
             return []
         q = np.asarray(query_embedding, dtype=np.float64).ravel()

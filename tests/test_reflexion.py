@@ -145,6 +145,17 @@ def test_retrieval_returns_the_most_similar_successful_trajectory_fake_embedder(
     assert rx.retrieve_demonstrations(TrajectoryBuffer(), QUERY, 1, _bag_of_words) == []
 
 
+def test_retrieval_follows_the_evaluators_verdict():
+    """With --success-threshold the evaluator, not the termination, decides what was solved (extra["solved"]): a
+    run that reached the threshold without termination "success" is a demonstration, one that ended in "success"
+    below the threshold is not (else a task retried after such an attempt would retrieve its own failure first)."""
+    buffer = _buffer()
+    for t in buffer._items:
+        t.extra["solved"] = t.task_id in ("failed-but-identical", "ok2")  # the evaluator's verdicts, not termination's
+    got = rx.retrieve_demonstrations(buffer, QUERY, 3, _bag_of_words)
+    assert [t.task_id for t in got] == ["failed-but-identical", "ok2"]
+
+
 @pytest.mark.skipif(not HAVE_MINILM, reason=f"needs the embedder wheel: {rx.EMBEDDER_INSTALL}")
 def test_retrieval_with_minilm_embeddings():
     embed = rx.MiniLMEmbedder("cpu")
