@@ -151,7 +151,7 @@ class Args:
     temperature: float = 2.0
     """sampling temperature of training rollouts (SmolLM2 tends to repeat its previous answer; T = 2 keeps it exploring)"""
     top_p: float = 1.0
-    """nucleus sampling during training rollouts"""
+    """free mode: nucleus sampling during training rollouts (choice mode samples the whole action distribution)"""
     top_k: int = 0
     """free mode: the policy samples each token among the k most likely only, and is trained as that (0: off; item 17)"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
@@ -209,13 +209,14 @@ def validate_args(args: Args):
         problems.append("--checkpoint-every must be >= 0 (0: no periodic checkpoints)")
     if args.malloc_mmap_threshold_kib < 0 or args.lora_r < 0:
         problems.append("--malloc-mmap-threshold-kib (0: glibc's default) and --lora-r (0: no LoRA) must be >= 0")
-    for name in ("total_iterations", "num_groups", "group_size", "update_epochs", "micro_batch_size", "max_turn_tokens"):
+    for name in ("total_iterations", "num_groups", "group_size", "update_epochs", "micro_batch_size", "max_turn_tokens",
+                 "eval_episodes", "sft_batch_size"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.group_size < 2:
         problems.append("--group-size must be >= 2: a group of one has no variance to normalise by")
-    if not 0 <= args.clip_eps_low < 1 or args.clip_eps_high < 0:
-        problems.append("--clip-eps-low must be in [0, 1) and --clip-eps-high >= 0")
+    if not 0 <= args.clip_eps_low < 1 or args.clip_eps_high < 0 or args.max_grad_norm <= 0:
+        problems.append("--clip-eps-low must be in [0, 1), --clip-eps-high >= 0 and --max-grad-norm > 0")
     if args.novelty_coef < 0 or args.sil_coef < 0 or args.sil_episodes < 1:
         problems.append("--novelty-coef and --sil-coef must be >= 0 (0: off), --sil-episodes >= 1")
     if min(args.temperature, args.eval_temperature) < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
@@ -264,8 +265,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, unit_mask, eps_low, eps_high
         stats = {
             "clip_low": ((ratio < 1 - eps_low) & (adv < 0))[m].float().sum().item(),
             "clip_high": ((ratio > 1 + eps_high) & (adv > 0))[m].float().sum().item(),
-            "ratio_sum": ratio[m].sum().item(),
-            "kl_sum": kl[m].sum().item(),
+            "ratio_sum": ratio[m].sum().item(), "kl_sum": kl[m].sum().item(),
         }
     return loss, stats
 
@@ -403,9 +403,9 @@ if __name__ == "__main__":
         ckpt.restore(resumed, model, optimizer, generators=generators)
         episodes_seen, generated_tokens = resumed["counters"]["episodes_seen"], resumed["counters"]["generated_tokens"]
         first_iteration = resumed["counters"]["iteration"] + 1
-        for key, state in (("novelty", novelty), ("memory", memory)):
-            if state is not None:
-                state.load_state_dict(resumed["extra"][key])
+        mine = resumed["rank_extra"][rank] if "rank_extra" in resumed else resumed["extra"]  # (older files: rank 0's)
+        for key, state in ((k, v) for k, v in (("novelty", novelty), ("memory", memory)) if v is not None):
+            state.load_state_dict(mine[key])
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
         push_weights(first_iteration - 1)
 
@@ -535,11 +535,11 @@ if __name__ == "__main__":
             "charts/episodic_return_max": max(t.return_ for t in trajs),  # a rare best episode shows here first
             "diagnostics/advantage_std": float(advantages.std(unbiased=False)),
             "diagnostics/zero_variance_groups": float(zero_var.view(args.num_groups, -1)[:, 0].float().mean()),
-            "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
+            # 0 but for --sil-coef's replays: the policy versions between an episode's sampler and this update
+            "diagnostics/policy_lag": float(np.mean([iteration - 1 - t.policy_version for t in train_trajs] or [0])),
             "diagnostics/truncated_turn_rate": float(np.mean([turn.truncated_tokens for t in trajs for turn in t.turns])),
             "perf/rollout_s": rollout_s, "perf/update_s": update_s, "perf/reference_s": ref_s,
-            "perf/weight_sync_s": sync_s, "perf/env_s": env_s,
-            "perf/rollout_tokens_per_s": total_tokens / rollout_s,
+            "perf/weight_sync_s": sync_s, "perf/env_s": env_s, "perf/rollout_tokens_per_s": total_tokens / rollout_s,
             "perf/generated_tokens_per_s": sum(t.num_policy_tokens for t in trajs) / rollout_s,
             "perf/iteration_generated_tokens": sum(t.num_policy_tokens for t in trajs),
             "perf/env_steps_per_s": sum(t.num_steps for t in trajs) / rollout_s,
@@ -581,7 +581,7 @@ if __name__ == "__main__":
         if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:
             ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen, "generated_tokens": generated_tokens},
                       model, optimizer, generators=generators, tracker=tracker,
-                      extra={k: v.state_dict() for k, v in (("novelty", novelty), ("memory", memory)) if v is not None})
+                      rank_extra={k: v.state_dict() for k, v in (("novelty", novelty), ("memory", memory)) if v is not None})
             print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
         if stop:
             print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")

@@ -290,14 +290,16 @@ class Checkpointer:
         return self.every > 0 and (iteration % self.every == 0 or last)
 
     def save(self, counters: dict, model, optimizer=None, schedulers=(), generators=None, tracker=None,
-             extra=None) -> Path | None:
-        """Collective under torchrun (every rank calls it); rank 0 writes. `counters` must hold `iteration`."""
-        rngs = [rng_state(generators)]
+             extra=None, rank_extra=None) -> Path | None:
+        """Collective under torchrun (every rank calls it); rank 0 writes. `counters` must hold `iteration`.
+        `extra`: rank 0's, the same on every rank (e.g. a target network); `rank_extra`: each rank's own state (e.g.
+        visit counts of its own episodes), gathered like the RNG states and kept per rank (`state["rank_extra"][r]`)."""
+        rngs, ranked = [rng_state(generators)], [rank_extra]
         if self.world_size > 1:  # as bytes: all_gather_object cannot carry tensors (torch 2.13)
             buffer, blobs = io.BytesIO(), [None] * self.world_size
-            torch.save(rngs[0], buffer)
+            torch.save((rngs[0], rank_extra), buffer)
             dist.all_gather_object(blobs, buffer.getvalue())
-            rngs = [torch.load(io.BytesIO(b), weights_only=True) for b in blobs]
+            rngs, ranked = map(list, zip(*(torch.load(io.BytesIO(b), weights_only=True) for b in blobs)))
         path, sharded = None, sharded_modules(model)
         optim = optimizer.state_dict() if optimizer is not None and (sharded or self.rank == 0) else None
         optim = full_tensors(optim) if sharded else optim  # FSDP: every rank joins in gathering the slices
@@ -309,6 +311,8 @@ class Checkpointer:
             state = {"format": FORMAT, "counters": dict(counters), "model": weights[0], "frozen_fingerprint": weights[1],
                      "optimizer": optim, "schedulers": [s.state_dict() for s in schedulers], "rng": rngs,
                      "tracker": tracker.state_dict() if tracker is not None else None, "extra": extra}
+            if rank_extra is not None:
+                state["rank_extra"] = ranked
             path = save_checkpoint(self.run_dir, state, counters["iteration"])
         if self.world_size > 1:
             dist.barrier()  # nobody exits (Ctrl-C) or moves on before the file is complete

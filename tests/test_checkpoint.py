@@ -124,6 +124,16 @@ def test_resume_after_a_crash_gives_the_same_numbers_as_an_uninterrupted_run(int
     assert resumed["diagnostics/grad_norm"][-1][1] > 0 and resumed["diagnostics/zero_variance_groups"][-1][1] == 0
 
 
+def test_policy_lag_counts_the_replayed_episodes_versions(uninterrupted):
+    """diagnostics/policy_lag: 0 for a batch sampled by the weights being updated; self-imitation's replays were
+    sampled by older policies, so an iteration that replays has a lag above 0 and below its iteration count."""
+    s = read_scalars(uninterrupted)
+    replayed, lag = [v for _, v in s["diagnostics/replayed_episodes"]], [v for _, v in s["diagnostics/policy_lag"]]
+    assert len(lag) == N and any(replayed)
+    for iteration, (r, lagged) in enumerate(zip(replayed, lag), 1):
+        assert (lagged > 0) == (r > 0) and lagged < iteration
+
+
 def test_truncated_checkpoint_is_reported_with_the_file_name(uninterrupted, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -1,5 +1,6 @@
 """common/distributed.py under a real 2-process gloo group: sums, means and maxima, the global loss denominator
-(2 ranks x batch b == 1 process x batch 2b), the rank-divergence check, and how a rank ends (finish_distributed)."""
+(2 ranks x batch b == 1 process x batch 2b), the rank-divergence check, how a rank ends (finish_distributed), and
+a checkpoint of per-rank state (common/checkpoint.py)."""
 
 import os
 import socket
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from common.checkpoint import Checkpointer
 from common.distributed import all_reduce_mean, all_reduce_sum, global_loss_denominator, rank_param_divergence
 
 # one batch of "policy units": per-unit inputs, and which rank played each sequence (unequal shares on purpose)
@@ -28,7 +30,7 @@ def token_mean_grad(weights: torch.Tensor, units: torch.Tensor, targets: torch.T
     return w.grad
 
 
-def _worker(rank: int, port: int, results):
+def _worker(rank: int, port: int, results, run_dir: str):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -46,6 +48,10 @@ def _worker(rank: int, port: int, results):
         if rank == 1:
             params[1] = params[1] + 0.25  # a rank that drifted
         out["drifted"] = rank_param_divergence(params)
+        # a checkpoint keeps each rank's own state (e.g. visit counts) apart, and rank 0's shared `extra` once
+        ckpt = Checkpointer(run_dir, 1, rank, 2)
+        ckpt.save({"iteration": 1}, torch.nn.Linear(2, 2), extra={"target": rank}, rank_extra={"counts": {"s": rank + 1}})
+        out["checkpoint"] = {k: ckpt.read()[k] for k in ("extra", "rank_extra")}
         results[rank] = out
     finally:
         dist.destroy_process_group()
@@ -58,10 +64,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def two_ranks():
+def two_ranks(tmp_path_factory):
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(free_port(), results), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), results, str(tmp_path_factory.mktemp("ckpt"))), nprocs=2, join=True)
     return dict(results)
+
+
+def test_a_checkpoint_keeps_every_ranks_own_state(two_ranks):
+    for rank in (0, 1):  # each rank reads back both ranks' states (it resumes from its own) and rank 0's extra
+        assert two_ranks[rank]["checkpoint"] == {"extra": {"target": 0}, "rank_extra": [{"counts": {"s": 1}},
+                                                                                          {"counts": {"s": 2}}]}
 
 
 def test_all_reduce_sum_adds_the_ranks(two_ranks):

@@ -274,6 +274,13 @@ def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypa
     assert max(v for _, v in scalars["diagnostics/logprob_mismatch"]) < 1e-4
 
 
+def test_bad_flags_fail_fast_with_the_flag_names():
+    for bad, flag in ((dict(eval_episodes=0), "--eval-episodes must be >= 1"), (dict(sft_batch_size=0), "--sft-batch-size"),
+                      (dict(max_grad_norm=0.0), "--max-grad-norm > 0")):
+        with pytest.raises(SystemExit, match=flag):
+            grpo.validate_args(grpo.Args(**bad))
+
+
 def test_bf16_update_autocasts_the_trainer_only(tmp_path):
     """`--update-dtype bfloat16` on CPU: the update's forward runs under bf16 autocast, so its log-probs leave the
     fp32 sampler's by bf16 rounding (> 0, where fp32 against fp32 is exact), and the trained weights stay fp32."""
