@@ -442,9 +442,10 @@ if __name__ == "__main__":
     generators = {"sample": sample_gen, "python": py_rng}
     if resumed:  # weights, optimizer, every RNG, the counters and the curriculum, as after the checkpoint's iteration
         ckpt.restore(resumed, model, optimizer, generators=generators)
-        episodes_seen, task_counter = resumed["counters"]["episodes_seen"], resumed["counters"]["task_counter"]
+        mine = resumed["rank_extra"][rank] if "rank_extra" in resumed else {**resumed["counters"], **resumed["extra"]}
+        episodes_seen, task_counter = resumed["counters"]["episodes_seen"], mine["task_counter"]  # ranks resample apart
         first_iteration, level = resumed["counters"]["iteration"] + 1, resumed["extra"]["level"]
-        solved_window = deque(resumed["extra"]["solved_window"], maxlen=args.curriculum_window)
+        solved_window = deque(mine["solved_window"], maxlen=args.curriculum_window)
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes, level {level})")
         refresh_sampling_copy(engine.model, model)  # a bf16 sampler gets the restored weights
 
@@ -539,14 +540,12 @@ if __name__ == "__main__":
         # ---- logging ----
         ep = episode_metrics(all_trajs)
         scalars = {
-            **{f"charts/{k}": v for k, v in ep.items()},
-            "charts/curriculum_level": float(level),
+            **{f"charts/{k}": v for k, v in ep.items()}, "charts/curriculum_level": float(level),
             "diagnostics/advantage_std": float(train_adv.std(unbiased=False)) if len(train_adv) else 0.0,
             "diagnostics/zero_variance_groups": (filtered_solved + filtered_unsolved) / groups_sampled,
             "diagnostics/filtered_solved_groups": filtered_solved / groups_sampled,
             "diagnostics/filtered_unsolved_groups": filtered_unsolved / groups_sampled,
-            "diagnostics/kept_groups": float(len(kept)),
-            "diagnostics/sandbox_error_groups": sandbox_errors / groups_sampled,
+            "diagnostics/kept_groups": float(len(kept)), "diagnostics/sandbox_error_groups": sandbox_errors / groups_sampled,
             "diagnostics/policy_lag": 0.0,  # synchronous: every episode was sampled by the weights being updated
             "diagnostics/truncated_turn_rate": float(np.mean([turn.truncated_tokens for t in all_trajs for turn in t.turns])),
             "perf/rollout_s": rollout_s,
@@ -579,8 +578,9 @@ if __name__ == "__main__":
             run_eval(iteration)
         stop = interrupt.should_stop()  # agreed across ranks
         if ckpt.due(iteration, last=iteration == args.total_iterations) or stop:
-            ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen, "task_counter": task_counter}, model, optimizer,
-                      generators=generators, tracker=tracker, extra={"level": level, "solved_window": list(solved_window)})
+            ckpt.save({"iteration": iteration, "episodes_seen": episodes_seen}, model, optimizer, generators=generators,
+                      tracker=tracker, extra={"level": level},
+                      rank_extra={"task_counter": task_counter, "solved_window": list(solved_window)})
             print0(f"checkpoint saved in {run_dir} (iteration {iteration})")
         if stop:
             print0(f"interrupted: resume with  python {sys.argv[0]} --resume {run_dir}")
