@@ -131,7 +131,7 @@ class Args:
     clip_eps_high: float = 0.2
     """ratio clip above: 1 + eps_high (0.28 is DAPO's clip-higher)"""
     beta: float = 0.0
-    """k3 KL coefficient to the frozen initial policy; 0 skips loading the reference model"""
+    """k3 KL coefficient to the frozen initial policy (the base model, before any --sft-steps); 0: no reference model"""
     adv_eps: float = 1e-4
     """epsilon in the advantage denominator (std + eps)"""
     loss_agg: Literal["token-mean", "sequence-mean"] = "token-mean"
