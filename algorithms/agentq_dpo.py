@@ -507,7 +507,7 @@ if __name__ == "__main__":
             if args.pair_level in ("trajectory", "both"):
                 pairs += trajectory_pair(tree, candidates, mode, args.min_q_gap)
         found = gather_lists({"pairs": pairs, "tokens": [tokens], "nodes": [count_nodes(r) for r in roots],
-                              "returns": [ret for tree in sims for _, ret in tree],
+                              "returns": [sum(n.reward for n in path[1:]) for tree in sims for path, _ in tree],
                               "success": [path[-1].termination == "success" for tree in sims for path, _ in tree],
                               "lengths": [len(path) - 1 for tree in sims for path, _ in tree],
                               "tree_success": [any(p[-1].termination == "success" for p, _ in tree) for tree in sims]}, world)
