@@ -202,7 +202,7 @@ LOGGED_TAGS = ("charts/episodic_return", "charts/success_rate", "charts/episode_
 def validate_args(args: Args):
     problems = []
     for name in ("total_iterations", "num_episodes", "update_epochs", "num_minibatches", "micro_batch_size",
-                 "max_turn_tokens"):
+                 "max_turn_tokens", "eval_episodes"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
     if args.num_minibatches > args.num_episodes:
@@ -213,8 +213,10 @@ def validate_args(args: Args):
         problems.append("--clip-eps must be in (0, 1) and --value-clip >= 0")
     if min(args.temperature, args.eval_temperature) < 0 or not 0 < args.top_p <= 1:
         problems.append("--temperature / --eval-temperature must be >= 0 and --top-p in (0, 1]")
-    if args.max_episode_steps < 0 or args.lora_r < 0 or args.checkpoint_every < 0:
-        problems.append("--max-episode-steps, --lora-r and --checkpoint-every must be >= 0")
+    if min(args.max_episode_steps, args.lora_r, args.checkpoint_every, args.eval_every) < 0:
+        problems.append("--max-episode-steps, --lora-r, --checkpoint-every and --eval-every must be >= 0")
+    if args.num_episodes * dist_info()[2] > 1000:  # episode seeds are 1,000 per iteration (see the rollout)
+        problems.append("--num-episodes x torchrun processes must be <= 1000: more would replay the next iteration's seeds")
     if args.fsdp and args.rollout_dtype != "float32":
         problems.append("--rollout-dtype bfloat16 is a copy of whole weights: not with --fsdp")
     if args.fsdp and dist_info()[2] < 2:
@@ -322,8 +324,7 @@ def ppo_loss(logp, old_logp, ref_logp, adv, unit_mask, entropy, values, old_valu
             "value_clip": ((values - old_values).abs() > value_clip)[sm].float().sum().item() / max(num_steps, 1e-8)
             if value_clip > 0 else 0.0,
             "approx_kl": ((ratio - 1) - log_ratio)[m].sum().item() / max(num_units, 1e-8),  # k3 of KL(old || new)
-            "ratio": ratio[m].sum().item() / max(num_units, 1e-8),
-        }
+            "ratio": ratio[m].sum().item() / max(num_units, 1e-8)}
     return loss, stats
 
 

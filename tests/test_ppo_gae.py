@@ -195,6 +195,17 @@ def test_fsdp_needs_torchrun():
         ppo.validate_args(ppo.Args(fsdp=True))
 
 
+def test_bad_flags_fail_fast_with_the_flag_names(monkeypatch):
+    for bad, message in ((dict(eval_episodes=0), "--eval-episodes must be >= 1"), (dict(eval_every=-1), "--eval-every"),
+                         (dict(num_episodes=1001, num_minibatches=1), "--num-episodes x torchrun processes")):
+        with pytest.raises(SystemExit, match=message):
+            ppo.validate_args(ppo.Args(**bad))
+    monkeypatch.setattr(ppo, "dist_info", lambda: (0, 0, 8))  # 8 ranks x 128 episodes would reuse seeds
+    with pytest.raises(SystemExit, match="--num-episodes x torchrun processes must be <= 1000"):
+        ppo.validate_args(ppo.Args(num_episodes=128))
+    ppo.validate_args(ppo.Args(num_episodes=125))
+
+
 def test_bf16_sampler_and_update_log_the_gap_and_keep_fp32_weights(tmp_path):
     """`--rollout-dtype bfloat16 --update-dtype bfloat16` on `tiny` over a frozen trunk, episodes cut at 6 steps: a bf16
     copy samples (refreshed after every update and after a resume), V_old / pi_ref / the update run under bf16 autocast,
