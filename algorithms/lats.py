@@ -497,8 +497,9 @@ def record(chat: ChatFormat, env, path: list[Node], seed: int, env_id: str) -> T
 
 def react_task(args: Args, engine: RolloutEngine, env_id: str, env_kwargs: dict, seed: int, generator):
     """ReAct at a token budget: episodes (the first greedy, then sampled in batches) until one succeeds or
-    the budget is spent. An episode counts only if it started before the budget ran out, in order, so
-    batching changes nothing but speed. Returns (the counted episodes, tokens, generated tokens)."""
+    the budget is spent. An episode counts only if it started before the budget ran out, in order, so batching
+    changes no count, only speed and, sampled, which draws each row gets (the same distribution). Returns (the
+    counted episodes, tokens, generated tokens)."""
     counted, tokens, generated, first = [], 0, 0, True
     while True:
         n = 1 if first else args.react_batch

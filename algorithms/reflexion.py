@@ -100,7 +100,7 @@ class Args:
     max_trials: int = 4
     """trials per task: trial 1 has an empty memory, each later trial follows a failure (1 = plain pass@1)"""
     batch_tasks: int = 8
-    """tasks played together in one rollout batch (memory only: results do not depend on it without retrieval)"""
+    """tasks played together in one rollout batch (memory; without retrieval, greedy results do not depend on it)"""
     memory_size: int = 3
     """m: reflections kept per task, the most recent m (seed 000: m <= 3); 0 = retries without reflection"""
     action_mode: Literal["auto", "free", "choice"] = "auto"
