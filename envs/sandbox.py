@@ -344,6 +344,12 @@ def _harness_main(config: dict) -> None:
         os.setgroups([])
         os.setgid(config["gid"])
         os.setuid(config["uid"])
+    else:  # uid 0 of a user namespace (or the caller itself): give up every capability, so that the chroot and the
+        # mounts cannot be undone (a chroot escape needs CAP_SYS_CHROOT, an unmount CAP_SYS_ADMIN)
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability, EPERM without any: fine)
+        header, empty = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()  # _LINUX_CAPABILITY_VERSION_3
+        libc.capset(header, empty)  # effective, permitted and inheritable sets all empty
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no set-uid program can regain privileges
 
     requests = os.fdopen(config["request_fd"], "rb")
@@ -417,7 +423,9 @@ def isolation() -> Isolation:
     with _ISOLATION_LOCK:
         if _ISOLATION is None:
             is_root = os.geteuid() == 0
-            namespaces = ["unshare", "--mount", "--net", "--pid"]  # the harness forks the pid namespace's init
+            # the harness forks the pid namespace's init; --ipc: System V shared memory dies with the run (a segment
+            # counts against no rlimit once detached, and would outlive the program on the host)
+            namespaces = ["unshare", "--mount", "--net", "--pid", "--ipc"]
             if not is_root:
                 namespaces.insert(1, "--map-root-user")
             prefix = tuple(namespaces) if shutil.which("unshare") and _works(namespaces) else ()

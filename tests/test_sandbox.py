@@ -419,7 +419,7 @@ def test_pool_rejects_bad_worker_counts():
 # --- fallbacks (forced here; detected on hosts that need them) ----------------------------------------------
 
 FALLBACKS = {
-    "user-namespace": Isolation(("unshare", "--map-root-user", "--mount", "--net", "--pid"), drop_privileges=False),
+    "user-namespace": Isolation(("unshare", "--map-root-user", "--mount", "--net", "--pid", "--ipc"), drop_privileges=False),
     "root-only": Isolation((), drop_privileges=True),
     "none": Isolation((), drop_privileges=False),
 }
@@ -442,6 +442,38 @@ def test_fallback_modes_grade_and_clean_up(clean_host, mode):
     if iso.namespaces:  # namespaces hide the host's files (without them, what shows depends on the host's modes)
         assert not sees_repo
     assert (UID_BASE <= uid < UID_BASE + MAX_SLOTS) == iso.drop_privileges
+
+
+def test_user_namespace_fallback_cannot_undo_its_chroot_or_mounts():
+    """Uid 0 of a user namespace holds every capability until the harness drops them: with CAP_SYS_CHROOT a program
+    could chroot into a subdirectory and climb out to the host's tree (mkdir x; chroot x; chdir .. ...)."""
+    program = ("import ctypes, os\n"
+               "def add(a, b):\n"
+               "    libc = ctypes.CDLL(None, use_errno=True)\n"
+               "    os.mkdir('x')\n"
+               "    try:\n"
+               "        os.chroot('x')\n"
+               "        chroot = 'done'\n"
+               "    except OSError as e:\n"
+               "        chroot = e.errno\n"
+               "    unmount = 'done' if libc.umount2(b'/work', 2) == 0 else ctypes.get_errno()  # MNT_DETACH\n"
+               "    return [chroot, unmount]\n")
+    verdict = run_tests(program, "add", [CallTest((1, 2), None)], FAST, iso=FALLBACKS["user-namespace"])
+    assert parse_literal(verdict.results[0].got) == [1, 1]  # EPERM twice: no chroot, no unmount
+
+
+@needs_isolation
+def test_shared_memory_does_not_outlive_the_program(clean_host):
+    """A System V segment counts against no rlimit once detached and, by default, outlives its process: without an
+    IPC namespace a program could leave gigabytes behind on the host, run after run."""
+    def segments():
+        return len(Path("/proc/sysvipc/shm").read_text().splitlines())
+
+    program = ("import ctypes\ndef add(a, b):\n    libc = ctypes.CDLL(None)\n"
+               "    return libc.shmget(0, 1 << 20, 0o1600)\n")  # IPC_PRIVATE, 1 MiB, IPC_CREAT | 0600
+    before = segments()
+    verdict = run_tests(program, "add", [CallTest((1, 2), None)], FAST)
+    assert parse_literal(verdict.results[0].got) >= 0 and segments() == before  # created, and gone with the run
 
 
 def test_user_namespace_fallback_has_no_network():

@@ -420,6 +420,34 @@ def test_formula_engine():
             parse_formula(bad)
 
 
+def test_hostile_formulas_end_quickly_with_an_error_value():
+    """Ranges over ranges evaluate each cell once (uncached, 20 such rows took 44 s, each row more doubling it), a
+    reference chain deeper than MAX_REFERENCE_DEPTH is #REF! (594 deep raised RecursionError), and an over-long
+    formula is refused by the parser (1,200 nested minus signs raised RecursionError)."""
+    import time
+
+    rows = 60
+    sheet = Sheet({f"J{i}": f"=SUM(J{i + 1}:J{rows})+1" for i in range(1, rows)} | {f"J{rows}": 1})
+    t0 = time.time()
+    assert cell_value(sheet, "J1") == 2.0 ** (rows - 1)  # J_i = 1 + sum below = 2^(rows-i)
+    assert time.time() - t0 < 1.0
+    cells = [f"{col}{row}" for col in "ABCDEF" for row in range(1, 100)]  # a chain 594 cells deep
+    chain = Sheet({ref: f"={nxt}" for ref, nxt in zip(cells, cells[1:])} | {cells[-1]: 5})
+    assert cell_value(chain, "A1") == "#REF!" and cell_value(chain, "F40") == 5.0
+    with pytest.raises(ValueError, match="at most"):
+        parse_formula("=" + "-" * 1200 + "1")
+
+
+def test_empty_document_and_huge_numbers_never_raise():
+    env, _, _ = make(2, "sheet_total", seed=0)
+    obs, *_ = env.step(call("documents", "write", name="notes", text=""))
+    obs, *_ = env.step(call("documents", "search", query=""))
+    assert "notes: " in obs
+    for digits in (400, 5000):
+        tool_call, problem = parse_tool_call('{"app": "agent", "op": "finish", "args": {"answer": ' + "9" * digits + "}}")
+        assert tool_call is None or problem is None  # a value or a message, no exception
+
+
 def test_bad_formula_is_an_api_error_and_writes_nothing():
     env, _, _ = make(2, "sheet_total", seed=0)
     row = json.loads(env.oracle_actions()[1])["args"]["range"][1:].split(":")[0]

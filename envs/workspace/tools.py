@@ -112,6 +112,9 @@ def parse_tool_call(action: object) -> tuple[ToolCall | None, str | None]:
         except json.JSONDecodeError as error:
             decode_error = decode_error or f"malformed JSON ({error.msg} at char {error.pos})"
             continue
+        except ValueError as error:  # e.g. an integer past Python's 4,300-digit conversion limit
+            decode_error = decode_error or f"malformed JSON ({error})"
+            continue
         if isinstance(value, dict):
             if "app" in value:
                 found = value
@@ -151,7 +154,12 @@ def validate_call(obj: dict[str, Any]) -> tuple[ToolCall | None, str | None]:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past a float's range is no usable number here
+        return False
 
 
 def _coerce(value: object, arg: Arg) -> tuple[Any, str | None]:
@@ -399,7 +407,7 @@ def documents_search(world: World, args: dict[str, Any]) -> ToolResult:
     for name, doc in world.docs.items():
         hit = next((line for line in doc.text.splitlines() if _matches(query, line)), None)
         if hit is not None or _matches(query, name):
-            rows.append(f"{name}{' (read-only)' if doc.read_only else ''}: {hit or doc.text.splitlines()[0]}")
+            rows.append(f"{name}{' (read-only)' if doc.read_only else ''}: {hit or (doc.text.splitlines() or [''])[0]}")
     return ToolResult("\n".join(rows) if rows else f"No documents match {query!r}.", unit="rows")
 
 

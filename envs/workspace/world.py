@@ -199,6 +199,10 @@ FUNCTIONS = ("SUM", "AVERAGE", "MIN", "MAX")
 ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
+MAX_FORMULA_CHARS = 200
+MAX_REFERENCE_DEPTH = 64  # cells reached one inside another by a formula's references (deeper: #REF!)
+
+
 def parse_formula(text: str) -> tuple:
     """Parse "=SUM(B2:B5)/2 + C3" into a small AST; raises ValueError naming the syntax problem.
 
@@ -207,6 +211,8 @@ def parse_formula(text: str) -> tuple:
     """
     if not text.startswith("="):
         raise ValueError(f"formula {text!r} must start with '='")
+    if len(text) > MAX_FORMULA_CHARS:  # (the parser recurses per nesting level: bounded text, bounded depth)
+        raise ValueError(f"formula of {len(text)} characters: at most {MAX_FORMULA_CHARS}")
     tokens: list[tuple[str, str]] = []
     for number, range_ref, func, cell, other in _TOKEN.findall(text[1:].strip().upper()):
         kind = "num" if number else "range" if range_ref else "func" if func else "cell" if cell else "op"
@@ -278,8 +284,13 @@ def parse_formula(text: str) -> tuple:
     return tree
 
 
-def evaluate_cell(sheet: Sheet, ref: str, visiting: frozenset[str] = frozenset()) -> float | str | None:
-    """The value a cell shows: a number, text, None (empty), or raises FormulaError."""
+def evaluate_cell(sheet: Sheet, ref: str, visiting: frozenset[str] = frozenset(),
+                  cache: dict | None = None) -> float | str | None:
+    """The value a cell shows: a number, text, None (empty), or raises FormulaError.
+
+    Each formula cell is evaluated once per call (`cache`): a chain of ranges over ranges would otherwise be
+    re-evaluated exponentially often. A cached value is never stale within a call: a cell that evaluated cleanly
+    has no cycle below it, so no path can reach it through one of its own dependencies."""
     raw = sheet.cells.get(ref)
     if raw is None or isinstance(raw, (int, float)):
         return raw if raw is None else float(raw)
@@ -287,22 +298,27 @@ def evaluate_cell(sheet: Sheet, ref: str, visiting: frozenset[str] = frozenset()
         return raw
     if ref in visiting:
         raise FormulaError("#CYCLE!")
-    return _evaluate(parse_formula(raw), sheet, visiting | {ref})
+    if len(visiting) >= MAX_REFERENCE_DEPTH:
+        raise FormulaError("#REF!")
+    cache = {} if cache is None else cache
+    if ref not in cache:
+        cache[ref] = _evaluate(parse_formula(raw), sheet, visiting | {ref}, cache)
+    return cache[ref]
 
 
-def _evaluate(node: tuple, sheet: Sheet, visiting: frozenset[str]) -> float:
+def _evaluate(node: tuple, sheet: Sheet, visiting: frozenset[str], cache: dict) -> float:
     kind = node[0]
     if kind == "num":
         return node[1]
     if kind == "cell":
-        value = evaluate_cell(sheet, node[1], visiting)
+        value = evaluate_cell(sheet, node[1], visiting, cache)
         if isinstance(value, str):
             raise FormulaError("#VALUE!")
         return 0.0 if value is None else value
     if kind == "neg":
-        return -_evaluate(node[1], sheet, visiting)
+        return -_evaluate(node[1], sheet, visiting, cache)
     if kind == "bin":
-        left, right = _evaluate(node[2], sheet, visiting), _evaluate(node[3], sheet, visiting)
+        left, right = _evaluate(node[2], sheet, visiting, cache), _evaluate(node[3], sheet, visiting, cache)
         if node[1] == "/" and right == 0:
             raise FormulaError("#DIV/0!")
         return ARITHMETIC[node[1]](left, right)
@@ -310,11 +326,11 @@ def _evaluate(node: tuple, sheet: Sheet, visiting: frozenset[str]) -> float:
     for arg in node[2]:
         if arg[0] == "range":
             for ref in (r for row in parse_range(arg[1]) for r in row):
-                value = evaluate_cell(sheet, ref, visiting)
+                value = evaluate_cell(sheet, ref, visiting, cache)
                 if isinstance(value, float):
                     values.append(value)
         else:
-            values.append(_evaluate(arg, sheet, visiting))
+            values.append(_evaluate(arg, sheet, visiting, cache))
     if node[1] == "SUM":
         return math.fsum(values)
     if node[1] == "AVERAGE":
