@@ -21,7 +21,8 @@ How one submission is graded (`run_tests`, `Sandbox.run`, `SandboxPool.map`):
 - Each concurrent run has its own uid (`UID_BASE` + slot, claimed with a file lock, so separate
   processes on one host never share one): RLIMIT_NPROC counts processes per uid, so a fork bomb in one
   sandbox cannot stop another from forking. The gid is 65534 (nogroup).
-- No network: the new network namespace has no interface up, not even 127.0.0.1.
+- No network: the new network namespace has no interface up, not even 127.0.0.1. A new IPC namespace:
+  System V shared memory (which no rlimit counts once detached) dies with the run.
 - Files: a new mount namespace and a chroot into a private tmpfs (`Limits.disk_mb`, gone with the
   run) holding read-only, nosuid binds of /usr, /lib*, /bin, /sbin and the interpreter's standard
   library; every site-/dist-packages directory and this repository are masked by empty mounts; plus
@@ -49,7 +50,8 @@ Fallbacks, detected once (`isolation()`; `iso=` forces one):
 - "user-namespace" (not root, user namespaces allowed): `unshare --map-root-user ...`, the same file
   system, network and process isolation, but the program keeps the caller's uid (there is no other to
   drop to): RLIMIT_NPROC is the caller's existing processes plus `Limits.nproc`, and parallel runs
-  share that count.
+  share that count. The harness drops every capability (bounding set and capset) before the program
+  runs, so uid 0 of the namespace can neither leave its chroot nor unmount the masks.
 - "root-only" (root without CAP_SYS_ADMIN): the slot uid and the limits, no network or file-system
   isolation (the run directory, owned by the slot uid, is the working directory; the interpreter must be
   readable by that uid); every process of the slot uid is killed at the end.
