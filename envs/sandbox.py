@@ -31,13 +31,17 @@ How one submission is graded (`run_tests`, `Sandbox.run`, `SandboxPool.map`):
   exists in that view; the tests are never written to disk at all. Only the standard library imports.
 - Tamper resistance: expected values never enter the sandbox. The grader sends one call at a time
   (the arguments as a Python literal) over a pipe and receives `repr(result)`, which it parses as a
-  literal (never evaluated) and compares with the expected value in its own process, type-strictly. A
+  literal (never evaluated) and compares with the expected value in its own process, type-strictly
+  (`CallTest(loose=True)`: Python's `==`, as HumanEval's asserts compare, so 465.0 passes for 465). A
   program that exits early (`os._exit(0)`), prints "all tests passed", patches the harness or writes
   forged replies gains nothing: a reply counts only if it equals the expected value, which the program
   never sees, and a test without a reply fails. Arguments of a test are sent only after the earlier
   tests are answered, so code run at import time cannot see them. `CheckTest`s (HumanEval's `check`)
   run their trusted test code in the grader, with `candidate` a proxy that forwards each call to the
   sandbox; only arguments and literal results cross, so an object with a forged `__eq__` cannot pass.
+  A check's `import random` gets a private generator seeded with 0: the grader's global `random` state
+  is never advanced (grading threads run inside the trainer), and checks with random inputs (HumanEval
+  38, 50, 53) test the same inputs on every run.
 - Partial credit: if the process dies or hangs in a test (crash, timeout), that test fails and the
   remaining tests continue in a fresh process until `Limits.total_timeout_s` is spent; tests never
   reached fail as "not_run". A program that does not load (syntax error, exception or exit at import)
@@ -61,12 +65,14 @@ Fallbacks, detected once (`isolation()`; `iso=` forces one):
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import functools
 import glob
 import inspect
 import math
 import os
+import random
 import selectors
 import shutil
 import signal
@@ -75,6 +81,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -110,11 +117,13 @@ class Limits:
 
 @dataclass(frozen=True)
 class CallTest:
-    """`entry_point(*args, **kwargs)` must return `expected` (compared type-strictly in the grader)."""
+    """`entry_point(*args, **kwargs)` must return `expected`, compared in the grader type-strictly
+    (`same_value`), or with `loose` by Python's `==` (`equal_value`, for HumanEval's docstring examples)."""
 
     args: tuple = ()
     expected: Any = None
     kwargs: dict = field(default_factory=dict)
+    loose: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,21 @@ def same_value(got: Any, expected: Any) -> bool:
     if isinstance(expected, dict):
         return got.keys() == expected.keys() and all(same_value(got[key], expected[key]) for key in expected)
     return got == expected
+
+
+def equal_value(got: Any, expected: Any) -> bool:
+    """Python's `==` (what `assert candidate(x) == y` checks: 465.0 == 465, True == 1, but [1] != (1,)),
+    with floats equal within `same_value`'s tolerance."""
+    if isinstance(got, (int, float)) and isinstance(expected, (int, float)) and float in (type(got), type(expected)):
+        return same_value(float(got), float(expected))
+    if isinstance(expected, (list, tuple)) and type(got) is type(expected):
+        return len(got) == len(expected) and all(equal_value(g, e) for g, e in zip(got, expected))
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return got.keys() == expected.keys() and all(equal_value(got[key], expected[key]) for key in expected)
+    try:
+        return bool(got == expected)
+    except Exception:  # a comparison that raises is not equality
+        return False
 
 
 def _literal_repr(value: Any) -> str:
@@ -735,11 +759,27 @@ def _grade_call(child: _Child, test: CallTest, deadline: float) -> TestResult:
         got = parse_literal(text)
     except (ValueError, SyntaxError, RecursionError, MemoryError):
         return TestResult("wrong_answer", got=text[:MAX_DETAIL_CHARS], detail="result is not a literal value")
-    return TestResult("passed" if same_value(got, test.expected) else "wrong_answer", got=text[:MAX_DETAIL_CHARS])
+    equal = (equal_value if test.loose else same_value)(got, test.expected)
+    return TestResult("passed" if equal else "wrong_answer", got=text[:MAX_DETAIL_CHARS])
 
 
 class _ProgramError(Exception):
     """The sandboxed function raised (its description is the message)."""
+
+
+def _check_builtins() -> dict[str, Any]:
+    """Builtins for a check's code whose `import random` (or `from random import ...`) gets a module bound
+    to a private `random.Random(0)`: see the module docstring (tamper resistance)."""
+    private = types.ModuleType("random")
+    rng = random.Random(0)
+    for name in random.__all__:
+        value = getattr(random, name)
+        private.__dict__[name] = getattr(rng, name) if inspect.ismethod(value) or inspect.isbuiltin(value) else value
+
+    def check_import(name: str, globals=None, locals=None, fromlist=(), level: int = 0):  # noqa: A002 (the signature)
+        return private if name == "random" and level == 0 else __import__(name, globals, locals, fromlist, level)
+
+    return {**builtins.__dict__, "__import__": check_import}
 
 
 def _grade_check(child: _Child, test: CheckTest, entry_point: str, deadline: float) -> TestResult:
@@ -749,7 +789,7 @@ def _grade_check(child: _Child, test: CheckTest, entry_point: str, deadline: flo
             raise _ProgramError(str(reply["error"])[:MAX_DETAIL_CHARS])
         return parse_literal(str(reply["value"]))
 
-    namespace: dict[str, Any] = {"__name__": "check"}
+    namespace: dict[str, Any] = {"__name__": "check", "__builtins__": _check_builtins()}
     exec(compile(test.source, "check.py", "exec"), namespace)  # trusted test code, in the grader
     namespace[entry_point] = candidate
     try:

@@ -274,3 +274,30 @@ def test_humaneval_canonical_solution_passes_and_a_wrong_one_fails(humaneval, in
     obs, reward, terminated, _, info = env.step(fenced(wrong))
     assert terminated and info["termination"] == "failure" and reward < 1.0
     assert "Hidden test 1 failed" in obs
+
+
+def test_humaneval_compares_examples_as_its_asserts_do(humaneval):
+    """HumanEval/60's check asserts `candidate(30) == 465`: a float sum passes it, and so must the examples."""
+    env = HumanEvalEnv()
+    env.reset(seed=60)
+    _, reward, _, _, info = env.step(fenced("def sum_to_n(n: int):\n    return n * (n + 1) / 2\n"))
+    assert info["termination"] == "success" and info["tests_passed"] == info["tests_total"] == 6 and reward == 1.0
+    env.reset(seed=60)  # a solution that fails the check is not solved, whatever the examples say
+    _, _, _, _, info = env.step(fenced("def sum_to_n(n: int):\n    return {30: 465, 100: 5050, 5: 15, 10: 55, 1: 1}[n]\n"))
+    assert info["termination"] == "failure" and info["tests_passed"] == 5
+
+
+def test_humaneval_checks_with_random_inputs_leave_the_global_random_alone(humaneval):
+    """HumanEval/53's check draws 100 inputs from `random`: a private generator, seeded the same on every run
+    (its first draw is (864, 394), so a program wrong only there fails every time)."""
+    import random
+
+    random.seed(1234)
+    state = random.getstate()
+    verdicts = []
+    for _ in range(2):
+        env = HumanEvalEnv()
+        env.reset(seed=53)
+        _, _, _, _, info = env.step(fenced("def add(x: int, y: int):\n    return 0 if (x, y) == (864, 394) else x + y\n"))
+        verdicts.append(info["termination"])
+    assert random.getstate() == state and verdicts == ["failure", "failure"]

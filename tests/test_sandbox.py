@@ -18,6 +18,7 @@ import pytest
 import envs.codegen
 import envs.sandbox
 from envs.sandbox import (
+    equal_value,
     MAX_SLOTS,
     UID_BASE,
     CallTest,
@@ -89,6 +90,13 @@ def test_same_value_is_type_strict():
     assert not same_value((1, 2), [1, 2]) and not same_value([1, [2]], [1, (2,)])
     assert same_value(0.1 + 0.2, 0.3) and same_value(float("nan"), float("nan"))
     assert same_value({"a": [1]}, {"a": [1]}) and not same_value({"a": [True]}, {"a": [1]})
+
+
+def test_equal_value_is_pythons_equality_with_float_tolerance():
+    assert equal_value(465.0, 465) and equal_value(True, 1) and equal_value(0.1 + 0.2, 0.3)
+    assert equal_value([1.0, (2, 3.0000000000001)], [1, (2, 3)]) and equal_value({"a": [2.0]}, {"a": [2]})
+    assert not equal_value((1, 2), [1, 2]) and not equal_value(465.5, 465) and not equal_value("1", 1)
+    assert not equal_value({"a": 1}, {"b": 1}) and not equal_value([1], [1, 2])
 
 
 # --- grading -------------------------------------------------------------------------------------------
