@@ -25,7 +25,9 @@ Copying this file out: it needs `common/` (and `envs/` for the built-in environm
 `package.module:Factory` passed as --env-id).
 
 Where this departs from the paper / seed:
-- The advantage is episode-level (outcome supervision); there is no per-step credit assignment (seed 001).
+- The advantage is episode-level (outcome supervision, seed 001) unless `--step-adv-coef w` > 0 adds GiGPO's
+  step-level advantage (Feng et al. 2025): within a group, turns taken from the same state are compared by their
+  discounted return-to-go (`step_advantages`), so each move gets credit of its own; not in GRPO.
 - Groups whose returns have zero variance carry no signal (Var[R] = p(1 - p) = 0) and are dropped from
   the loss rather than resampled (seed 001, "solvability filtering"); their fraction is logged.
 - The ratio uses the log-probs recorded by the sampler as pi_old: no extra forward (exact on CPU fp32;
@@ -46,6 +48,7 @@ import os
 import random
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,15 +61,17 @@ import tyro
 
 import envs
 from common.checkpoint import Checkpointer, GracefulInterrupt, cli_with_resume
-from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, finish_distributed, full_tensors, gathered,
-                                global_loss_denominator, init_distributed, is_sharded, print0, rank_param_divergence,
-                                seed_everything, shard_layers)
+from common.distributed import (all_reduce_mean, average_gradients, clip_grad_norm, dist_info, finish_distributed,
+                                full_tensors, gathered, global_loss_denominator, init_distributed, print0,
+                                rank_param_divergence, seed_everything, shard_layers)
 from common.exploration import NoveltyBonus, SelfImitationMemory
 from common.memory import cap_mmap_threshold
 from common.models import (adapter_disabled, autocast, load_model, refresh_sampling_copy, resolve_device, sampling_copy,
                            save_model, train_top_layers)
+from common.offline import place_key
 from common.records import Trajectory
-from common.rollout import RolloutConfig, RolloutEngine, behavior_units, format_demonstrations, policy_logprobs
+from common.rollout import (RolloutConfig, RolloutEngine, behavior_units, episode_metrics, evaluate_episodes,
+                            format_demonstrations, policy_logprobs, sft_cold_start)
 from common.tracking import Tracker, make_run_name
 from common.vllm_backend import BackendUnavailable, TokenRolloutEngine, VLLMGenerator, require_vllm, sync_weights
 
@@ -141,6 +146,11 @@ class Args:
     novelty_coef: float = 0.0
     """count-based exploration: add coef * sum of 1/sqrt(visits) over the episode's distinct states to its advantage,
     centred in its group but not whitened (common/exploration.py; see docs, "Exploration"); 0: plain GRPO"""
+    step_adv_coef: float = 0.0
+    """GiGPO (Feng et al. 2025): add coef * the step-level advantage, each turn's discounted return-to-go normalised
+    among the group's turns from the same state (see docs, "Step-level advantages"); 0: plain GRPO"""
+    step_gamma: float = 0.95
+    """GiGPO: the discount of the step-level return-to-go"""
     sil_coef: float = 0.0
     """self-imitation: replay each task's best past episodes that beat its group's mean return, with advantage
     coef * (R - mean) (Oh et al. 2018; see docs, "Self-imitation"); 0: off"""
@@ -217,8 +227,10 @@ def validate_args(args: Args):
         problems.append("--group-size must be >= 2: a group of one has no variance to normalise by")
     if not 0 <= args.clip_eps_low < 1 or args.clip_eps_high < 0 or args.max_grad_norm <= 0:
         problems.append("--clip-eps-low must be in [0, 1), --clip-eps-high >= 0 and --max-grad-norm > 0")
-    if args.novelty_coef < 0 or args.sil_coef < 0 or args.sil_episodes < 1:
-        problems.append("--novelty-coef and --sil-coef must be >= 0 (0: off), --sil-episodes >= 1")
+    if min(args.novelty_coef, args.sil_coef, args.step_adv_coef) < 0 or args.sil_episodes < 1:
+        problems.append("--novelty-coef, --sil-coef and --step-adv-coef must be >= 0 (0: off), --sil-episodes >= 1")
+    if not 0 < args.step_gamma <= 1:
+        problems.append("--step-gamma must be in (0, 1]")
     if min(args.temperature, args.eval_temperature) < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
         problems.append("--temperature / --eval-temperature must be >= 0, --top-p in (0, 1] and --top-k >= 0")
     if args.rollout_dtype != "float32" and (args.rollout_backend == "vllm" or args.fsdp):
@@ -238,15 +250,38 @@ def group_advantages(returns: torch.Tensor, eps: float) -> torch.Tensor:
     return (returns - mean) / (std + eps)
 
 
+def step_advantages(trajs: list[Trajectory], group_size: int, gamma: float, eps: float) -> list[torch.Tensor]:
+    """GiGPO's step-level advantage (Feng et al. 2025, eq. 6-7), one per turn. In a group (`group_size` consecutive
+    episodes of one task, all starting from its initial state) the turns taken from one state (`place_key` of the
+    observation before them) form a step group; a turn's return-to-go R_t = sum_k gamma^k r_(t+k) is normalised in
+    it as eq. 12.18 normalises returns (a state reached once, or with equal R_t, gives 0)."""
+    out = []
+    for start in range(0, len(trajs), group_size):
+        keys, returns_to_go, buckets = [], [], defaultdict(list)
+        for traj in trajs[start:start + group_size]:
+            running, backwards = 0.0, []
+            for turn in reversed(traj.turns):
+                running = turn.reward + gamma * running
+                backwards.append(running)
+            keys.append([None] + [place_key(turn.observation) for turn in traj.turns[:-1]])
+            returns_to_go.append(backwards[::-1])
+            for key, value in zip(keys[-1], returns_to_go[-1]):
+                buckets[key].append(value)
+        stats = {key: (np.mean(values), np.std(values)) for key, values in buckets.items()}
+        out += [torch.tensor([(r - stats[k][0]) / (stats[k][1] + eps) for k, r in zip(ks, rs)], dtype=torch.float32)
+                for ks, rs in zip(keys, returns_to_go)]
+    return out
+
+
 def grpo_loss(logp, old_logp, ref_logp, advantages, unit_mask, eps_low, eps_high, beta, loss_agg, num_units, num_seqs):
     """Eq. 12.19 over policy units, as a quantity to minimise.
 
-    logp / old_logp / ref_logp / unit_mask: [B, U]; advantages: [B]. `num_units` and `num_seqs` are the
-    counts over the *whole* batch, so micro-batches accumulate to exactly the full-batch loss (under
-    torchrun: the global counts / world size, so the averaged gradients are the global batch's).
+    logp / old_logp / ref_logp / unit_mask: [B, U]; advantages: [B], or per unit [B, >=U] (GiGPO). `num_units` and
+    `num_seqs` are the counts over the *whole* batch, so micro-batches accumulate to exactly the full-batch loss
+    (under torchrun: the global counts / world size, so the averaged gradients are the global batch's).
     """
     ratio = torch.exp(logp - old_logp)
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages[:, : logp.shape[1]]
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
     per_unit = -surrogate
     kl = torch.zeros_like(logp)
@@ -268,25 +303,6 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, unit_mask, eps_low, eps_high
             "ratio_sum": ratio[m].sum().item(), "kl_sum": kl[m].sum().item(),
         }
     return loss, stats
-
-
-def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    steps = sum(t.num_steps for t in trajs)
-    return {
-        "episodic_return": float(np.mean([t.return_ for t in trajs])),
-        "success_rate": float(np.mean([t.success for t in trajs])),
-        "episode_length": float(np.mean([t.num_steps for t in trajs])),
-        "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1),
-    }
-
-
-def evaluate(engine: RolloutEngine, env_id: str, num: int, seed: int, temperature: float, device) -> dict[str, float]:
-    """Episodes at `temperature` (0: greedy) on unseen seeds, drawn by a fresh RNG (training's stays untouched)."""
-    sampling, engine.config = engine.config, RolloutConfig(**{**vars(engine.config), "temperature": temperature})
-    seeds, gen = [(1 << 40) + seed * 1000 + i for i in range(num)], torch.Generator(device).manual_seed((1 << 40) + seed)
-    trajs = engine.run([envs.make(env_id) for _ in seeds], seeds, env_id, generator=gen)
-    engine.config = sampling
-    return episode_metrics(trajs)
 
 
 if __name__ == "__main__":
@@ -330,20 +346,14 @@ if __name__ == "__main__":
     num_layers = len(model.get_decoder().layers)
     # the top --trainable-layers layers and the final norm, or LoRA adapters on them (every base weight frozen)
     model = train_top_layers(model, args.trainable_layers, args.lora_r, args.lora_alpha, args.gradient_checkpointing)
+    # the frozen reference of eq. 12.19; with LoRA, the policy with its adapters switched off (no second copy)
+    ref_model = None if args.beta == 0 else model if args.lora_r else \
+        load_model(args.model, device, dtype, seed=args.seed)[0].requires_grad_(False)
     if args.world_size > 1:  # start from identical weights on every rank: broadcast, not seeding alone
-        for p in model.parameters():
+        for p in (p for m in {id(m): m for m in (model, ref_model) if m is not None}.values() for p in m.parameters()):
             dist.broadcast(p.data, src=0)
     fsdp_layers = shard_layers(model) if args.fsdp else []  # (FSDP replaces the layers' parameters by their shards)
     params = [p for p in model.parameters() if p.requires_grad]
-    ref_model = None
-    if args.beta > 0 and args.lora_r > 0:
-        ref_model = model  # the reference is the policy with its adapters switched off: no second copy
-    elif args.beta > 0:
-        ref_model, _ = load_model(args.model, device, dtype, seed=args.seed)
-        ref_model.requires_grad_(False)
-        if args.world_size > 1:
-            for p in ref_model.parameters():
-                dist.broadcast(p.data, src=0)
 
     tracker = Tracker(run_dir, vars(args), enabled=rank == 0, resume_state=resumed and resumed["tracker"])
     print0(f"run {os.path.basename(run_dir)}: {args.model} on {args.env_id}, {args.action_mode} mode, "
@@ -366,32 +376,13 @@ if __name__ == "__main__":
     if args.action_mode == "choice" and not getattr(envs.make(args.env_id), "action_names", None):
         raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
 
-    def all_reduce_grads():  # FSDP has already reduced the sharded layers' gradients (a reduce-scatter in the backward)
-        if args.world_size > 1:
-            for p in (p for p in params if not is_sharded(p)):
-                if p.grad is None:  # this rank had nothing to train on: it still joins the all-reduce
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-                p.grad /= args.world_size
+    all_reduce_grads = lambda: average_gradients(params, args.world_size)  # noqa: E731  (torchrun; FSDP's are done)
 
     # ---- cold start: SFT on format demonstrations (seed 001) ----
     if args.sft_steps > 0 and not resumed:  # a checkpoint's weights already went through it
         demo_env = envs.make(args.env_id)
-        sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate, weight_decay=0.0)
-        model.train()
-        for step in range(1, args.sft_steps + 1):
-            demos = format_demonstrations(engine.chat, demo_env, py_rng, args.sft_batch_size)
-            units = policy_logprobs(model, demos, "free")
-            sft_loss = -(units.logprobs * units.mask).sum() / units.mask.sum()
-            sft_opt.zero_grad()
-            sft_loss.backward()
-            all_reduce_grads()
-            clip_grad_norm(params, args.max_grad_norm)
-            sft_opt.step()
-            tracker.scalars({"losses/sft_loss": sft_loss.item()}, step)
-            if step % 10 == 0 or step == args.sft_steps:
-                print0(f"sft {step}/{args.sft_steps} | loss {sft_loss.item():.3f}")
-        model.eval()
+        sft_cold_start(model, params, lambda: format_demonstrations(engine.chat, demo_env, py_rng, args.sft_batch_size),
+                       args.sft_steps, args.sft_learning_rate, args.max_grad_norm, all_reduce_grads, tracker, device)
         push_weights(0)  # the first rollout samples from the cold-started weights (still version 0)
 
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
@@ -400,19 +391,16 @@ if __name__ == "__main__":
     novelty = NoveltyBonus(args.novelty_coef) if args.novelty_coef > 0 else None  # visit counts are per rank
     memory = SelfImitationMemory(args.sil_episodes) if args.sil_coef > 0 else None  # so is the memory
     if resumed:  # weights, optimizer, every RNG and the counters, as they were after the checkpoint's iteration
-        ckpt.restore(resumed, model, optimizer, generators=generators)
+        ckpt.restore(resumed, model, optimizer, generators=generators, rank_extra={"novelty": novelty, "memory": memory})
         episodes_seen, generated_tokens = resumed["counters"]["episodes_seen"], resumed["counters"]["generated_tokens"]
         first_iteration = resumed["counters"]["iteration"] + 1
-        mine = resumed["rank_extra"][rank] if "rank_extra" in resumed else resumed["extra"]  # (older files: rank 0's)
-        for key, state in ((k, v) for k, v in (("novelty", novelty), ("memory", memory)) if v is not None):
-            state.load_state_dict(mine[key])
         print0(f"resumed from {run_dir} at iteration {first_iteration - 1} ({episodes_seen} episodes)")
         push_weights(first_iteration - 1)
 
     def run_eval(iteration: int):
         with gathered(fsdp_layers if args.eval_every > 0 else []), autocast(device):  # FSDP: all gather, rank 0 evaluates
-            m = evaluate(engine, args.env_id, args.eval_episodes, args.seed, args.eval_temperature, device) \
-                if args.eval_every and rank == 0 else {}
+            m = evaluate_episodes(engine, lambda: envs.make(args.env_id), args.env_id, args.eval_episodes, args.seed,
+                                  args.eval_temperature, device) if args.eval_every and rank == 0 else {}
         if m:
             tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episodes_seen)
             print0(f"eval @ iter {iteration} | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f}")
@@ -438,6 +426,10 @@ if __name__ == "__main__":
             bonus = torch.tensor(novelty(trajs), dtype=torch.float32).view(args.num_groups, args.group_size)
             advantages = advantages + (bonus - bonus.mean(dim=1, keepdim=True)).flatten()
             spread = spread + bonus.std(dim=1, unbiased=False)
+        step_adv = step_advantages(trajs, args.group_size, args.step_gamma, args.adv_eps) if args.step_adv_coef else None
+        if step_adv is not None:  # GiGPO: a group whose returns tie may still rank its moves
+            spread = spread + torch.tensor([max(float(a.abs().sum()) for a in step_adv[g:g + args.group_size])
+                                            for g in range(0, len(trajs), args.group_size)])
         zero_var = (spread < 1e-8).repeat_interleave(args.group_size)
         keep = [i for i in range(len(trajs)) if not (args.filter_zero_variance and zero_var[i])]
         train_trajs, train_adv = [trajs[i] for i in keep], advantages[keep].to(device)
@@ -467,6 +459,12 @@ if __name__ == "__main__":
         if ranks_with_data > 0:
             old_logp, unit_mask = behavior_units(train_trajs, args.action_mode) if train_trajs else (torch.zeros(0, 1),) * 2
             old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
+            if step_adv is not None:  # GiGPO eq. 8: A = A^E + w A^S per policy unit (replays keep their A^E alone)
+                train_adv = train_adv[:, None].repeat(1, unit_mask.shape[1])
+                for row, i in enumerate(keep):  # a turn's value on its action (choice) or each of its tokens (free)
+                    sizes = [1 if trajs[i].choice_steps else turn.num_action_tokens for turn in trajs[i].turns]
+                    units = step_adv[i].repeat_interleave(torch.tensor(sizes, dtype=torch.long))
+                    train_adv[row, : len(units)] += args.step_adv_coef * units.to(device)
             # torchrun: global counts / world size, so averaged gradients = one process's on the whole batch
             num_units, num_seqs = global_loss_denominator(unit_mask.sum().item()), len(train_trajs)
             seq_denominator = global_loss_denominator(num_seqs)
@@ -534,6 +532,7 @@ if __name__ == "__main__":
             **{f"charts/{k}": v for k, v in ep.items()},
             "charts/episodic_return_max": max(t.return_ for t in trajs),  # a rare best episode shows here first
             "diagnostics/advantage_std": float(advantages.std(unbiased=False)),
+            "diagnostics/step_advantage_nonzero": float(torch.cat(step_adv).ne(0).float().mean()) if step_adv else 0.0,
             "diagnostics/zero_variance_groups": float(zero_var.view(args.num_groups, -1)[:, 0].float().mean()),
             # 0 but for --sil-coef's replays: the policy versions between an episode's sampler and this update
             "diagnostics/policy_lag": float(np.mean([iteration - 1 - t.policy_version for t in train_trajs] or [0])),

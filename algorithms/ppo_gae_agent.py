@@ -67,7 +67,8 @@ from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, fini
 from common.models import (adapter_disabled, autocast, load_model, parameter_counts, refresh_sampling_copy, resolve_device,
                            sampling_copy, save_model, train_top_layers)
 from common.records import Trajectory
-from common.rollout import RolloutConfig, RolloutEngine, behavior_units, check_env, policy_logprobs
+from common.rollout import (RolloutConfig, RolloutEngine, behavior_units, check_env, episode_metrics, evaluate_episodes,
+                            policy_logprobs)
 from common.tracking import Tracker, make_run_name
 
 
@@ -328,23 +329,6 @@ def ppo_loss(logp, old_logp, ref_logp, adv, unit_mask, entropy, values, old_valu
     return loss, stats
 
 
-def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    steps = sum(t.num_steps for t in trajs)
-    return {"episodic_return": float(np.mean([t.return_ for t in trajs])),
-            "success_rate": float(np.mean([t.success for t in trajs])),
-            "episode_length": float(np.mean([t.num_steps for t in trajs])),
-            "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1)}
-
-
-def evaluate(engine: RolloutEngine, make_env, env_id: str, num: int, seed: int, temperature: float, device) -> dict:
-    """Episodes at `temperature` (0: greedy) on unseen seeds, drawn by a fresh RNG (training's stays untouched)."""
-    sampling, engine.config = engine.config, replace(engine.config, temperature=temperature)
-    seeds, gen = [(1 << 40) + seed * 1000 + i for i in range(num)], torch.Generator(device).manual_seed((1 << 40) + seed)
-    trajs = engine.run([make_env() for _ in seeds], seeds, env_id, generator=gen)
-    engine.config = sampling
-    return episode_metrics(trajs)
-
-
 if __name__ == "__main__":
     args = cli_with_resume(Args, RESUMABLE, "ppo_gae_agent.py")
     validate_args(args)
@@ -425,8 +409,8 @@ if __name__ == "__main__":
 
     def run_eval(iteration: int):
         with gathered(fsdp_layers if args.eval_every > 0 else []), autocast(device):  # FSDP: all gather, rank 0 evaluates
-            m = evaluate(engine, make_env, args.env_id, args.eval_episodes, args.seed, args.eval_temperature, device) \
-                if args.eval_every and rank == 0 else {}
+            m = evaluate_episodes(engine, make_env, args.env_id, args.eval_episodes, args.seed, args.eval_temperature,
+                                  device) if args.eval_every and rank == 0 else {}
         if m:
             tracker.scalars({f"eval/{k}": v for k, v in m.items()}, episodes_seen)
             print0(f"eval @ iter {iteration} | success {m['success_rate']:.2f} | return {m['episodic_return']:.2f}")

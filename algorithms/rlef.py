@@ -75,7 +75,7 @@ from common.distributed import (all_reduce_mean, clip_grad_norm, dist_info, fini
 from common.models import (autocast, load_model, refresh_sampling_copy, resolve_device, sampling_copy, save_model,
                            train_top_layers)
 from common.records import Trajectory
-from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs
+from common.rollout import RolloutConfig, RolloutEngine, behavior_units, policy_logprobs, sft_cold_start
 from common.tracking import Tracker, make_run_name
 
 
@@ -417,23 +417,9 @@ if __name__ == "__main__":
     # ---- cold start: SFT on reference solutions of training tasks (never the test split) ----
     if args.sft_steps > 0 and not resumed:  # a checkpoint's weights already went through it
         demo_env = make_train_env(args.level)
-        sft_opt = torch.optim.AdamW(params, lr=args.sft_learning_rate, weight_decay=0.0)
-        model.train()
-        for step in range(1, args.sft_steps + 1):
-            demos = [reference_demonstration(engine.chat, demo_env, py_rng.randrange(1 << 30))
-                     for _ in range(args.sft_batch_size)]
-            with autocast(device):
-                units = policy_logprobs(model, demos, "free")
-            sft_loss = -(units.logprobs * units.mask).sum() / units.mask.sum()
-            sft_opt.zero_grad()
-            sft_loss.backward()
-            all_reduce_grads()
-            clip_grad_norm(params, args.max_grad_norm)
-            sft_opt.step()
-            tracker.scalars({"losses/sft_loss": sft_loss.item()}, step)
-            if step % 5 == 0 or step == args.sft_steps:
-                print0(f"sft {step}/{args.sft_steps} | loss {sft_loss.item():.3f}")
-        model.eval()
+        sft_cold_start(model, params, lambda: [reference_demonstration(engine.chat, demo_env, py_rng.randrange(1 << 30))
+                                               for _ in range(args.sft_batch_size)],
+                       args.sft_steps, args.sft_learning_rate, args.max_grad_norm, all_reduce_grads, tracker, device, 5)
         refresh_sampling_copy(engine.model, model)  # the first rollout samples from the cold-started weights
 
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)

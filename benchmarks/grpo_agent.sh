@@ -182,6 +182,31 @@ if [ -n "${PROCEDURAL_SHAPED:-}" ]; then
       --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$OUT/proc_rel_shaped/greedy.jsonl"
 fi
 
+if [ -n "${PROCEDURAL_GIGPO:-}" ]; then
+  # GiGPO's step-level advantage (--step-adv-coef 1, Feng et al. 2025) on the shaped encoder, with PPO part 25's
+  # budget and trained layers (16 episodes per iteration, top 12 layers, lr 1e-4, both bf16 flags, unmasked):
+  # 2 layouts x 8 episodes per iteration, so turns from one state meet within a group. Seed: SEED (default 1).
+  # Tested greedily on the 50 held-out layouts (issue 9's target) and on 50 others (environment seeds 100,000+).
+  seed=${SEED:-1}
+  EXP=proc_rel_shaped_gigpo; DIR="$OUT/$EXP"
+  RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__${EXP}__${seed}__* 2>/dev/null | tail -1 || true)
+  if [ -z "$RUN" ]; then
+    timed python algorithms/grpo_agent.py --env-id gridworld-procedural-relative-shaped --num-groups 2 --group-size 8 \
+        --step-adv-coef 1 --trainable-layers 12 --learning-rate 1e-4 --rollout-dtype bfloat16 --update-dtype bfloat16 \
+        --total-iterations "${ITERATIONS:-50}" --eval-every 10 --checkpoint-every 5 --save-model --seed "$seed" \
+        --exp-name "$EXP" --output-dir "$DIR"
+  else
+    timed python algorithms/grpo_agent.py --resume "$RUN" --total-iterations "${ITERATIONS:-50}"
+  fi
+  RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__${EXP}__${seed}__* | tail -1)
+  python benchmarks/summarize_run.py "$RUN" --every 160 | tee "$DIR/summary_$seed.md"
+  for more in "" _more; do
+    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+        --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_50$more.jsonl" \
+        --trajectories "$DIR/test_50${more}_episodes_$seed.jsonl" ${more:+--seed 1}
+  done
+fi
+
 if [ -n "${MICROBATCH:-}" ]; then
   # Why the default micro-batch is 1 (docs/grpo_agent.md item 13): the defaults for 2 iterations at --micro-batch-size 4
   # then 1, then again in the other order, alone on the 2-core CPU. Published (session 32): update 24.4 / 21.8 / 25.3 /

@@ -328,8 +328,10 @@ class Checkpointer:
                              f"resume with the same number (now {self.world_size})")
         return state
 
-    def restore(self, state: dict, model, optimizer=None, schedulers=(), generators=None) -> dict:
-        """Put weights, optimizer/scheduler states and this rank's RNG states back; returns `state`."""
+    def restore(self, state: dict, model, optimizer=None, schedulers=(), generators=None, rank_extra=None) -> dict:
+        """Put weights, optimizer/scheduler states and this rank's RNG states back; returns `state`. `rank_extra`
+        ({key: object with load_state_dict, or None}) gets this rank's part of `save(rank_extra=...)` (a file
+        written before per-rank extras: the `extra` saved with it, rank 0's)."""
         load_trainable_state_dict(model, state["model"], state.get("frozen_fingerprint"))
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
@@ -339,6 +341,10 @@ class Checkpointer:
         for s, sd in zip(schedulers, state["schedulers"], strict=True):
             s.load_state_dict(sd)
         set_rng_state(state["rng"][self.rank], generators)
+        mine = state["rank_extra"][self.rank] if "rank_extra" in state else state.get("extra", {})
+        for key, target in (rank_extra or {}).items():
+            if target is not None:
+                target.load_state_dict(mine[key])
         return state
 
 

@@ -175,6 +175,16 @@ def is_sharded(tensor) -> bool:
     return isinstance(tensor, DTensor)
 
 
+def average_gradients(params: list, world_size: int) -> None:
+    """Data parallel by hand (as CleanRL): all-reduce-average the gradients FSDP has not reduced already (its
+    sharded layers' are reduce-scattered in the backward). A parameter without a gradient joins with zeros, so a
+    rank that had nothing to train on still takes part in every all-reduce. A no-op for one process."""
+    for p in (p for p in params if not is_sharded(p)) if world_size > 1 else ():
+        p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+        dist.all_reduce(p.grad)
+        p.grad /= world_size
+
+
 def clip_grad_norm(params: list, max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` for a mix of FSDP-sharded gradients (each rank holds a slice) and
     replicated ones (the same on every rank, after their all-reduce); returns the total norm before clipping."""

@@ -255,6 +255,13 @@ def state_key(observation: str) -> str:
     return _STEP_COUNTER.sub("", observation)
 
 
+def place_key(observation: str) -> str:
+    """What an observation says about the state, not how the agent got there: with a "Step t/T." counter, the text
+    after it (the line before the counter reports the last move, "You moved up."); without one, the whole text."""
+    match = _STEP_COUNTER.search(observation)
+    return observation[match.end():] if match else observation
+
+
 def filter_demonstrations(trajs: list[Trajectory], max_repeat_fraction: float = 0.4,
                           max_steps: int | None = None) -> list[Trajectory]:
     """Seed 003 §4's filter (success only, no hesitant runs, none longer than `max_steps`) through

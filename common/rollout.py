@@ -34,8 +34,9 @@ import contextlib
 import functools
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from common.chat import ChatFormat
+from common.distributed import clip_grad_norm, print0
+from common.models import autocast
 from common.records import ChoiceStep, Trajectory, Turn
 
 
@@ -929,6 +932,48 @@ def _forward_from_layer(body, layer_inputs: list[torch.Tensor], from_layer: int,
                     use_cache=cache is not None).last_hidden_state
     finally:
         body.layers = all_layers
+
+
+def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """The batch means logged under charts/: return, success rate, length (turns) and invalid actions per turn."""
+    n, steps = max(len(trajs), 1), sum(t.num_steps for t in trajs)
+    return {"episodic_return": sum(t.return_ for t in trajs) / n, "success_rate": sum(t.success for t in trajs) / n,
+            "episode_length": steps / n, "invalid_action_rate": sum(t.invalid_actions for t in trajs) / max(steps, 1)}
+
+
+def evaluate_episodes(engine, make_env: Callable, env_id: str, num: int, seed: int, temperature: float,
+                      device) -> dict[str, float]:
+    """`episode_metrics` of `num` episodes at `temperature` (0: greedy) on environment seeds no training iteration
+    draws ((1 << 40) + seed * 1000 + i), sampled by a fresh generator, so training's RNG stays untouched."""
+    sampling, engine.config = engine.config, replace(engine.config, temperature=temperature)
+    seeds, gen = [(1 << 40) + seed * 1000 + i for i in range(num)], torch.Generator(device).manual_seed((1 << 40) + seed)
+    try:
+        return episode_metrics(engine.run([make_env() for _ in seeds], seeds, env_id, generator=gen))
+    finally:
+        engine.config = sampling
+
+
+def sft_cold_start(model, params: list, demonstrations: Callable[[], list[Trajectory]], steps: int, learning_rate: float,
+                   max_grad_norm: float, reduce_grads: Callable[[], None], tracker, device, print_every: int = 10) -> None:
+    """The cold start before RL (seed 001): `steps` AdamW steps (an optimizer of its own, no weight decay) of
+    cross-entropy on the policy tokens of a fresh `demonstrations()` batch each, the forward under `autocast(device)`
+    (bf16 on CUDA). `reduce_grads()` averages the gradients over torchrun ranks before clipping to `max_grad_norm`.
+    Each step's loss goes to `tracker` as losses/sft_loss (x = step); leaves the model in eval mode."""
+    optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+    model.train()
+    for step in range(1, steps + 1):
+        with autocast(device):
+            units = policy_logprobs(model, demonstrations(), "free")
+        loss = -(units.logprobs * units.mask).sum() / units.mask.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        reduce_grads()
+        clip_grad_norm(params, max_grad_norm)
+        optimizer.step()
+        tracker.scalars({"losses/sft_loss": loss.item()}, step)
+        if step % print_every == 0 or step == steps:
+            print0(f"sft {step}/{steps} | loss {loss.item():.3f}")
+    model.eval()
 
 
 def format_demonstrations(chat: ChatFormat, env, rng: random.Random, n: int, max_turns: int = 3) -> list[Trajectory]:

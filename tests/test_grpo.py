@@ -57,6 +57,41 @@ def test_novelty_bonus_hand_computed():
     assert restored([_episode("Step 9/20. at b")]) == pytest.approx([0.5 / math.sqrt(2)])
 
 
+def _stepped(rewards, observations):
+    turns = [Turn(action_text="up", observation=o, reward=r, action_valid=True, num_action_tokens=2)
+             for r, o in zip(rewards, observations)]
+    return Trajectory([], [], [], 0, turns, {}, sum(rewards), "truncated", "", "task", 0)
+
+
+def test_gigpo_step_advantages_hand_computed():
+    """Turns from the same state are compared by return-to-go (gamma 0.5): the first turns share the task's initial
+    state; "at b" is one state whatever the step counter and the move report say; "at d" is reached once (0)."""
+    first = _stepped([1.0, 0.0], ["Step 1/5. at b", "Step 2/5. at c"])
+    second = _stepped([0.0, 2.0, 1.0], ["You moved up.\nStep 1/5. at b", "Step 2/5. at d", "Step 3/5. at e"])
+    a, b = grpo.step_advantages([first, second], group_size=2, gamma=0.5, eps=1e-4)
+    # initial state: R = 1 (first) and 0 + 0.5 * 2 + 0.25 * 1 = 1.25 (second): mean 1.125, std 0.125
+    # "at b": R = 0 and 2 + 0.5 * 1 = 2.5: mean 1.25, std 1.25
+    assert a.tolist() == pytest.approx([-0.125 / (0.125 + 1e-4), -1.25 / (1.25 + 1e-4)])
+    assert b.tolist() == pytest.approx([0.125 / (0.125 + 1e-4), 1.25 / (1.25 + 1e-4), 0.0])
+    # two groups are never mixed, and a group whose turns tie gets zeros, not NaN
+    same = [_stepped([1.0], ["Step 1/5. at b"]) for _ in range(2)]
+    out = grpo.step_advantages(same + [first, second], group_size=2, gamma=0.5, eps=1e-4)
+    assert [x.tolist() for x in out[:2]] == [[0.0], [0.0]] and out[2].tolist() == pytest.approx(a.tolist())
+
+
+def test_grpo_loss_takes_per_unit_advantages():
+    logp, old, ref, adv, mask = _batch()
+    per_episode, _ = grpo.grpo_loss(logp, old, ref, adv, mask, 0.2, 0.2, 0.0, "token-mean", 5, 2)
+    per_unit, _ = grpo.grpo_loss(logp, old, ref, adv[:, None].repeat(1, 4), mask, 0.2, 0.2, 0.0, "token-mean", 5, 2)
+    assert per_unit.item() == pytest.approx(per_episode.item(), abs=1e-7)  # a wider advantage row is cut to U
+    # ep0 ratios [2.0, 1.0, 1.8] with A = [1, 0, -1] -> min(rA, clip(r)A) = [1.2, 0, -1.8]; ep1 [0.5, 1.0], A = [2, -2]
+    loss, stats = grpo.grpo_loss(logp, old, ref, torch.tensor([[1.0, 0.0, -1.0], [2.0, -2.0, 5.0]]), mask, 0.2, 0.2,
+                                 0.0, "token-mean", 5, 2)
+    assert loss.item() == pytest.approx(-(1.2 + 0.0 - 1.8 + 1.0 - 2.0) / 5, abs=1e-6)
+    # per unit: 2.0 (A > 0) clips high; 1.8 (A < 0) and 0.5 (now A > 0) are not clips of their sign
+    assert stats["clip_high"] == 1 and stats["clip_low"] == 0
+
+
 def _scored(task, ret, *actions):
     turns = [Turn(action_text=a, observation="", reward=0.0, action_valid=True, num_action_tokens=1) for a in actions]
     return Trajectory([], [], [], 0, turns, {}, ret, "truncated", "", task, 0)

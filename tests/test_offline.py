@@ -19,6 +19,7 @@ from common.offline import (
     filter_demonstrations,
     from_agent_records,
     load_dataset,
+    place_key,
     state_key,
     transitions,
     write_dataset,
@@ -149,6 +150,8 @@ def test_demonstration_filter_ignores_step_counters():
     long = _traj([f"Step {i}/20. at {i}" for i in range(1, 11)], "success")
     failed = _traj([f"Step {i}/20. at {i}" for i in range(1, 4)], "truncated")
     assert state_key("You moved up.\nStep 3/20. Resources 0/2.") == "You moved up.\nResources 0/2."
+    assert place_key("You moved up.\nStep 3/20. Resources 0/2.") == "Resources 0/2." == place_key("Step 1/20. Resources 0/2.")
+    assert place_key("no counter here") == "no counter here"
     kept = filter_demonstrations([clean, hesitant, long, failed], max_steps=8)
     assert kept == [clean]
     assert filter_demonstrations([clean, hesitant, long, failed]) == [clean, long]
