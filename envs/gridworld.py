@@ -272,7 +272,8 @@ class GridWorldEnv(TextEnv):
         # What the agent reads and how it is rewarded are part of the environment's version (seed 001).
         self.env_version = type(self).env_version + (f"-{observation}" if observation != "grid" else "") + \
             (f"-shaped{self.shaping:g}" if self.shaping else "") + \
-            (f"-blocked{self.blocked_penalty:g}" if self.blocked_penalty else "")
+            (f"-blocked{self.blocked_penalty:g}" if self.blocked_penalty else "") + \
+            (f"-steps{max_steps}" if max_steps != MAX_STEPS else "") + ("-end" if invalid_action_rule == "end" else "")
         self._layout: Layout | None = None
         self._initial: GridState | None = None
         self._state: GridState | None = None
@@ -473,6 +474,8 @@ class ProceduralGridWorldEnv(GridWorldEnv):
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         self.split, self.rows, self.cols, self.n_resources = split, rows, cols, n_resources
+        if (rows, cols, n_resources) != (4, 8, 2):  # another layout distribution: another environment version
+            self.env_version += f"-{rows}x{cols}-resources{n_resources}"
 
     @property
     def task_id(self) -> str:

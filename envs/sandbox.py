@@ -47,7 +47,8 @@ How one submission is graded (`run_tests`, `Sandbox.run`, `SandboxPool.map`):
   reached fail as "not_run". A program that does not load (syntax error, exception or exit at import)
   fails every test.
 - Output: stdout and stderr are kept up to `Limits.output_bytes` each (the cut is marked); a result
-  whose repr exceeds `MAX_REPLY_CHARS` is wrong.
+  whose repr exceeds `MAX_REPLY_CHARS` is wrong. The grader keeps at most `MAX_MESSAGE_BYTES` + 1 unread
+  bytes of the reply pipe (more is a protocol error), so a program flooding it cannot exhaust its memory.
 - Determinism: PYTHONHASHSEED=0, so a program gets the same verdict every time (timeouts aside).
 
 Fallbacks, detected once (`isolation()`; `iso=` forces one):
@@ -586,8 +587,10 @@ class _Child:
                 self._eof.add(key.fd)
                 continue
             buffer = self._buffers[key.fd]
-            if key.fd in (self._reply_read, self._status_fd):
-                buffer += chunk  # receive() bounds the reply line length; the status is trusted
+            if key.fd == self._status_fd:
+                buffer += chunk  # written by the trusted parent
+            elif key.fd == self._reply_read:  # one message is outstanding at a time: more than a message's bound
+                buffer += chunk[: max(MAX_MESSAGE_BYTES + 1 - len(buffer), 0)]  # unread is a protocol error anyway
             else:
                 kept = chunk[: max(self.limits.output_bytes - len(buffer), 0)]
                 buffer += kept
@@ -698,16 +701,18 @@ class _Child:
         """Kill everything the run started, wait until it is gone, and release the pipes."""
         # The trusted parent kills the program's process; with namespaces that is the pid namespace's init,
         # and the kernel kills every process inside before it is reaped, so once the parent has exited
-        # nothing of the run is left. (Popen's own pid cannot be reused before Popen reaps it.)
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # nothing of the run is left. The group is killed before the parent is reaped: until then its pid, which
+        # is the group's id, cannot be reused, so the signal cannot reach another program's group.
+        if self.popen.returncode is None:  # (reaped already only where starting failed, before any program ran)
+            os.kill(self.popen.pid, signal.SIGTERM)  # not Popen.send_signal, whose poll() would reap an exited parent
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not os.waitid(os.P_PID, self.popen.pid,
+                                                                 os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                time.sleep(0.005)
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         if self.iso.drop_privileges and not self.iso.namespaces:
             _kill_user(self.uid)  # processes that left the process group with setsid()
         self.popen.wait()

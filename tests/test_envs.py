@@ -581,6 +581,11 @@ def test_blocked_penalty_charges_exactly_the_blocked_moves_and_nothing_else():
     rng, p = random.Random(2), 0.2
     _, info = envs.make("gridworld-procedural-relative-shaped-blocked").reset(seed=0)
     assert info["env_version"] == "gridworld-procedural-1.0-relative-shaped0.2-blocked0.2"
+    # every setting that changes what the agent sees, how it is scored or which layouts it meets is in the version
+    assert envs.make("gridworld", max_steps=30, invalid_action_rule="end").reset(seed=0)[1]["env_version"] == \
+        "gridworld-1.0-steps30-end"
+    assert envs.make("gridworld-procedural", rows=5, cols=6, n_resources=1).reset(seed=0)[1]["env_version"] == \
+        "gridworld-procedural-1.0-5x6-resources1"
     blocked_seen = unblocked_seen = 0
     for seed in range(8):
         shaped = envs.make("gridworld-procedural-relative-shaped")

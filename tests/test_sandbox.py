@@ -5,6 +5,7 @@ measured here"); on a host without it they are skipped, the grading tests still 
 """
 
 import os
+import selectors
 import socket
 import subprocess
 import sys
@@ -18,7 +19,6 @@ import pytest
 import envs.codegen
 import envs.sandbox
 from envs.sandbox import (
-    equal_value,
     MAX_SLOTS,
     UID_BASE,
     CallTest,
@@ -27,6 +27,7 @@ from envs.sandbox import (
     Limits,
     Sandbox,
     SandboxPool,
+    equal_value,
     isolation,
     parse_literal,
     run_tests,
@@ -160,6 +161,31 @@ def test_output_is_truncated_and_oversized_results_are_wrong():
     assert len(verdict.stdout) < 600 and verdict.stdout.endswith("[... truncated]")
     assert verdict.results[0].status == "wrong_answer" and verdict.results[0].detail == "result too long"
     assert verdict.fraction == pytest.approx(4 / 5)
+
+
+def test_the_reply_buffer_is_bounded_whatever_the_program_writes():
+    """A flood on the reply pipe (say, while the grader waits for the end-of-process report after a failed send)
+    cannot grow the grader's memory past one message's bound: 6.4 MB written, at most MAX_MESSAGE_BYTES + 1 kept."""
+    child = object.__new__(envs.sandbox._Child)  # the transport alone, on a plain pipe
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    child._reply_read, child._status_fd, child.limits = read, -1, Limits()
+    child._buffers, child._dropped, child._eof = {read: bytearray()}, {read: 0}, set()
+    child._selector = selectors.DefaultSelector()
+    child._selector.register(read, selectors.EVENT_READ)
+    try:
+        for _ in range(100):
+            try:
+                os.write(write, b"x" * 65536)
+            except BlockingIOError:
+                pass
+            child._pump(0.01)
+        assert envs.sandbox.MAX_MESSAGE_BYTES < len(child._buffers[read]) <= envs.sandbox.MAX_MESSAGE_BYTES + 1
+        assert child.receive(time.monotonic() + 1) == {"protocol_error": "reply too long"}
+    finally:
+        child._selector.close()
+        os.close(read)
+        os.close(write)
 
 
 def test_check_tests_run_trusted_code_in_the_grader():
