@@ -226,6 +226,8 @@ def validate_args(args: Args):
         problems.append("--level must be 1, 2 or 3 and --eval-level 0 (mixed), 1, 2 or 3")
     if args.eval_k > args.eval_samples:
         problems.append("--eval-k must be <= --eval-samples (pass@k needs n >= k samples)")
+    if args.humaneval_tasks > 164:  # more would wrap around and count problems twice
+        problems.append("--humaneval-tasks must be <= 164 (HumanEval has 164 problems)")
     if not 0 <= args.clip_eps < 1 or not 0 <= args.promote_threshold <= 1:
         problems.append("--clip-eps must be in [0, 1) and --promote-threshold in [0, 1]")
     if args.temperature < 0 or args.eval_temperature < 0 or not 0 < args.top_p <= 1:

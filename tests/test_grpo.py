@@ -311,7 +311,8 @@ def test_multi_token_action_names_train_from_the_frozen_trunk(tmp_path, monkeypa
 
 def test_bad_flags_fail_fast_with_the_flag_names():
     for bad, flag in ((dict(eval_episodes=0), "--eval-episodes must be >= 1"), (dict(sft_batch_size=0), "--sft-batch-size"),
-                      (dict(max_grad_norm=0.0), "--max-grad-norm > 0")):
+                      (dict(max_grad_norm=0.0), "--max-grad-norm > 0"), (dict(step_adv_coef=-1.0), "--step-adv-coef"),
+                      (dict(step_gamma=0.0), "--step-gamma")):
         with pytest.raises(SystemExit, match=flag):
             grpo.validate_args(grpo.Args(**bad))
 

@@ -245,7 +245,8 @@ def test_update_raises_the_passing_submission_and_lowers_the_failing_one(tiny):
 
 def test_bad_values_fail_with_the_flag_name():
     for changes, flag in (({"eval_k": 5, "eval_samples": 2}, "--eval-k"), ({"group_size": 1}, "--group-size"),
-                          ({"level": 4}, "--level"), ({"update_epochs": 0}, "--update-epochs")):
+                          ({"level": 4}, "--level"), ({"update_epochs": 0}, "--update-epochs"),
+                          ({"humaneval_tasks": 165}, "--humaneval-tasks")):
         with pytest.raises(SystemExit, match=flag):
             rlef.validate_args(rlef.Args(**changes))
 
