@@ -351,7 +351,10 @@ PROCEDURAL_PPO = [
     *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_b16_1600{more}{suffix}.jsonl", (f"{_ENT}, top 12 layers, 16 "
        "episodes per iteration, unmasked, the same runs continued" + (", tested on 50 other held-out layouts" if more
        else "")), temperature, [1600], "NO_MASK PROCEDURAL_MASKED_B16_1600 (part 25)")
-      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],    *[(f"grpo_agent_procedural_gigpo{more}.jsonl", ("`-shaped`, **`grpo_agent.py`** with GiGPO's step-level advantages "
+       "(`--step-adv-coef 1`), 2 layouts x 8 episodes per iteration, top 12 layers, lr 1e-4, unmasked"
+       + (", tested on 50 other held-out layouts" if more else "")), 0.0, [800],
+       "PROCEDURAL_GIGPO (part 26, in grpo_agent.sh)") for more in ("", "_more")],
 ]
 
 
@@ -388,11 +391,12 @@ def ppo_procedural() -> str:
     return "\n".join([*lines, "", (
         "Goal rate on the 50 held-out test layouts of `gridworld-procedural-relative` (never trained on; 50 others "
         "where the row says), greedy or "
-        "sampled (`zero_shot.py --temperature T`), after training `ppo_gae_agent.py` (SmolLM2, choice mode, "
+        "sampled (`zero_shot.py --temperature T`), after training `ppo_gae_agent.py` (`grpo_agent.py` where the row "
+        "says; SmolLM2, choice mode, "
         "`--learning-rate 1e-4 --num-episodes 8`, rollouts at T = 2, unless the row says; both CPU bf16 flags) on "
         "the training layouts of the id shown (`-shaped`: `gridworld-procedural-relative-shaped`, potential-based "
-        f"shaping).{before} A blank cell was not measured. Source: `SWITCH=1 bash benchmarks/ppo_gae_agent.sh` with "
-        "the row's switch, details in [grpo_agent_procedural.md](benchmarks/results/grpo_agent_procedural.md).")])
+        f"shaping).{before} A blank cell was not measured. Source: `SWITCH=1 bash benchmarks/ppo_gae_agent.sh` (or the "
+        "script the row names) with the row's switch, details in [grpo_agent_procedural.md](benchmarks/results/grpo_agent_procedural.md).")])
 
 
 def tests_block() -> str:
