@@ -251,7 +251,7 @@ def group_advantages(returns: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def step_advantages(trajs: list[Trajectory], group_size: int, gamma: float, eps: float) -> list[torch.Tensor]:
-    """GiGPO's step-level advantage (Feng et al. 2025, eq. 6-7), one per turn. In a group (`group_size` consecutive
+    """GiGPO's step-level advantage (Feng et al. 2025), one value per turn. In a group (`group_size` consecutive
     episodes of one task, all starting from its initial state) the turns taken from one state (`place_key` of the
     observation before them) form a step group; a turn's return-to-go R_t = sum_k gamma^k r_(t+k) is normalised in
     it as eq. 12.18 normalises returns (a state reached once, or with equal R_t, gives 0)."""
@@ -459,7 +459,7 @@ if __name__ == "__main__":
         if ranks_with_data > 0:
             old_logp, unit_mask = behavior_units(train_trajs, args.action_mode) if train_trajs else (torch.zeros(0, 1),) * 2
             old_logp, unit_mask = old_logp.to(device), unit_mask.to(device)
-            if step_adv is not None:  # GiGPO eq. 8: A = A^E + w A^S per policy unit (replays keep their A^E alone)
+            if step_adv is not None:  # GiGPO: A = A^E + w A^S per policy unit (replays keep their A^E alone)
                 train_adv = train_adv[:, None].repeat(1, unit_mask.shape[1])
                 for row, i in enumerate(keep):  # a turn's value on its action (choice) or each of its tokens (free)
                     sizes = [1 if trajs[i].choice_steps else turn.num_action_tokens for turn in trajs[i].turns]
