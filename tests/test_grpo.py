@@ -351,6 +351,16 @@ def test_bf16_rollouts_run_and_log_the_sampler_trainer_gap(tmp_path):
         grpo.validate_args(grpo.Args(rollout_dtype="bfloat16", rollout_backend="vllm", action_mode="free"))
 
 
+def test_gigpo_run_spreads_step_advantages_over_free_mode_tokens(tmp_path):
+    """--step-adv-coef end to end in free mode: each turn's step advantage is spread over its sampled tokens (a size
+    mismatch with the policy units would raise), most turns get one, and the update runs on them."""
+    run_dir, _ = run_grpo(tmp_path, "--model", "tiny", "--action-mode", "free", "--total-iterations", "1",
+                          "--group-size", "4", "--step-adv-coef", "1", "--eval-every", "0", "--max-turn-tokens", "6",
+                          "--max-total-tokens", "1200", "--no-filter-zero-variance")
+    scalars = read_scalars(run_dir)
+    assert scalars["diagnostics/step_advantage_nonzero"][0][1] > 0.5 and "losses/policy_loss" in scalars
+
+
 def test_an_iteration_without_an_update_logs_no_loss(tmp_path):
     """On this seed tiny's only group has zero variance and is dropped: nothing is trained, so no loss, entropy or
     ratio is logged (not a placeholder 0); with the group kept (advantages all 0) they are written."""
