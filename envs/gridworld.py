@@ -391,8 +391,12 @@ class GridWorldEnv(TextEnv):
         return shortest_path_length(self._require_layout())
 
     def optimal_return(self) -> float:
-        """Best achievable return of this episode, from its start, within the step limit."""
-        return plan(self._require_layout(), self._initial, self.max_steps)[0]
+        """Best achievable return of this episode, from its start, within the step limit. With shaping w, what the
+        potential adds to a success, -Φ(s_0) = w * (its shortest path), is included: the optimal policy is the
+        same (Ng et al. 1999), its return is not; a blocked-move penalty changes neither."""
+        layout = self._require_layout()
+        return plan(layout, self._initial, self.max_steps)[0] - \
+            GridWorldVerifier(layout, self.max_steps, self.shaping).potential(self._initial)
 
     def optimal_action(self, state: dict[str, Any] | None = None) -> int | None:
         """An optimal next action index from the current state (or from a `snapshot()`)."""

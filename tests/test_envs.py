@@ -13,6 +13,7 @@ import envs
 from envs.base import REWARD_COMPONENTS, TERMINATIONS, TextEnv
 from envs.gridworld import (
     SEED003_LAYOUT,
+    SHAPING_WEIGHT,
     GridWorldEnv,
     Layout,
     ProceduralGridWorldEnv,
@@ -234,8 +235,9 @@ def test_procedural_splits_disjoint_solvable_deterministic():
     assert env.reset(seed=5) == env.reset(seed=5)
 
 
-def test_procedural_bfs_policy_is_optimal():
-    env = ProceduralGridWorldEnv(split="train")
+@pytest.mark.parametrize("kwargs", [{}, {"shaping": SHAPING_WEIGHT}, {"shaping": SHAPING_WEIGHT, "blocked_penalty": 0.2}])
+def test_procedural_bfs_policy_is_optimal(kwargs):
+    env = ProceduralGridWorldEnv(split="train", **kwargs)
     for seed in range(30):
         env.reset(seed=seed)
         best, total = env.optimal_return(), 0.0
@@ -245,7 +247,7 @@ def test_procedural_bfs_policy_is_optimal():
             if terminated or truncated:
                 break
         assert info["termination"] == "success"
-        assert total == pytest.approx(best)
+        assert total == pytest.approx(best)  # shaped: the potential's -Φ(s_0) = w * shortest path is in both
 
 
 def test_procedural_kwargs():
