@@ -47,7 +47,8 @@ Where this departs from the paper / seed:
 - With the backbone frozen (default) every distinct state text is encoded once and its feature vector cached,
   so an update costs milliseconds; `--train-backbone` forwards the LM for every batch (online, and the target
   network keeps its own copy of the LM).
-- `done` is 1 only when the episode terminated (success / failure); a time-limit truncation bootstraps.
+- `done` is 1 when the episode terminated (success / failure) and at a time limit the observation shows ("Step 20/20.":
+  time is in the state, so nothing follows); a truncation the observation does not show bootstraps (Pardo et al. 2018).
 - A checkpoint holds the Q head (and the trained LM weights or LoRA adapter), the target network, Adam and the
   minibatch generator; the dataset and its encoding are rebuilt (deterministically) on `--resume`.
 """
@@ -216,7 +217,7 @@ def validate_args(args: Args):
 # ---- the losses: pure functions of Q-values -------------------------------------------------------------
 def td_target(q_next_online: torch.Tensor, q_next_target: torch.Tensor, rewards, dones, gamma: float):
     """Double DQN (van Hasselt et al. 2016): y = r + gamma (1 - done) Q_target(s', argmax_a' Q_online(s', a')).
-    q_next_*: [B, A]; rewards, dones: [B] (dones 0 at truncation, so the time limit bootstraps)."""
+    q_next_*: [B, A]; rewards, dones: [B] (common.offline.transitions: 1 at termination and at a shown time limit)."""
     best = q_next_online.argmax(-1, keepdim=True)
     return rewards + gamma * (1.0 - dones) * q_next_target.gather(-1, best).squeeze(-1)
 

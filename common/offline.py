@@ -20,9 +20,11 @@ observation that followed and the step reward, and whose `extra` holds what an o
 rebuild states: `system_prompt`, `initial_observation`, `actions` (indices into `env.action_names`) and
 `quality`. Non-LLM records carry no tokens (each algorithm encodes the text with its own tokenizer).
 
-`transitions(traj)` cuts an episode into (s, a, r, s', done, history) with `done` True only when the
-episode *terminated* (success / failure / invalid action), never at truncation (the time limit), so TD
-targets bootstrap there (Pardo et al. 2018, "Time limits in reinforcement learning").
+`transitions(traj)` cuts an episode into (s, a, r, s', done, history) with `done` True when the episode
+*terminated* (success / failure / invalid action). A truncation (the time limit) is terminal too when the last
+observation shows it ("Step 20/20."): time is then part of the state and nothing follows, so TD targets must
+not bootstrap; without a visible counter the time limit is not in the state and they do (Pardo et al. 2018,
+"Time limits in reinforcement learning", time-aware vs partial-episode bootstrapping).
 
 The demonstration filter of seed 003 §4 is `common.records.TrajectoryBuffer.filter_demonstrations`;
 `filter_demonstrations` below applies it with a state key that ignores step counters (see there).
@@ -53,7 +55,7 @@ from common.records import Trajectory, TrajectoryBuffer, Turn, read_jsonl, write
 
 QUALITIES = ("expert", "suboptimal", "noisy", "llm")
 SEED_STRIDE = 1_000_003
-TERMINAL = ("success", "failure", "invalid_action")  # ends the MDP: no bootstrap; "truncated" does bootstrap
+TERMINAL = ("success", "failure", "invalid_action")  # ends the MDP: no bootstrap; "truncated": see time_limit_shown
 
 
 @dataclass
@@ -240,14 +242,21 @@ def transitions(traj: Trajectory) -> list[Transition]:
     for t, (turn, action) in enumerate(zip(traj.turns, actions)):
         last = t == len(traj.turns) - 1
         out.append(Transition(observation=obs, action=int(action), reward=float(turn.reward),
-                              next_observation=turn.observation, done=last and traj.termination in TERMINAL,
+                              next_observation=turn.observation, done=last and (traj.termination in TERMINAL or (
+                                  traj.termination == "truncated" and time_limit_shown(turn.observation))),
                               history=list(history), action_name=turn.action_text, step=t))
         history += [obs, turn.action_text]
         obs = turn.observation
     return out
 
 
-_STEP_COUNTER = re.compile(r"\bStep \d+/\d+\.\s*")
+_STEP_COUNTER = re.compile(r"\bStep (\d+)/(\d+)\.\s*")
+
+
+def time_limit_shown(observation: str) -> bool:
+    """Whether the observation shows its step budget spent ("Step 20/20."): a time-aware state with no future."""
+    match = _STEP_COUNTER.search(observation)
+    return match is not None and match[1] == match[2]
 
 
 def state_key(observation: str) -> str:

@@ -8,6 +8,7 @@ import math
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,16 +36,21 @@ def test_td_target_double_dqn_hand_computed():
     assert torch.allclose(y, torch.tensor([1 + 0.9 * 20, 2.0, 3 + 0.9 * 50]))
 
 
-def test_td_target_bootstraps_at_truncation_not_at_termination():
+def test_td_target_bootstraps_only_at_a_time_limit_the_state_does_not_show():
     truncated = next(t for t in collect("gridworld", "noisy", 20, seed=0) if t.termination == "truncated")
     success = collect("gridworld", "expert", 1, seed=0)[0]
-    last = [transitions(truncated)[-1], transitions(success)[-1]]
+    assert "Step 20/20. " in truncated.turns[-1].observation
+    # the same time-out with the counter cut from its last observation: the time limit is no longer in the state
+    hidden = replace(truncated, turns=[*truncated.turns[:-1], replace(
+        truncated.turns[-1], observation=truncated.turns[-1].observation.replace("Step 20/20. ", ""))])
+    last = [transitions(t)[-1] for t in (truncated, hidden, success)]
     rewards = torch.tensor([t.reward for t in last])
     dones = torch.tensor([float(t.done) for t in last])
-    q_next = torch.tensor([[1.0, 2.0, 0.5, 0.0], [4.0, 1.0, 1.0, 1.0]])
+    q_next = torch.tensor([[1.0, 2.0, 0.5, 0.0], [1.0, 2.0, 0.5, 0.0], [4.0, 1.0, 1.0, 1.0]])
     y = cql.td_target(q_next, q_next, rewards, dones, gamma=0.5)
-    assert dones.tolist() == [0.0, 1.0]
-    assert y.tolist() == pytest.approx([-0.05 + 0.5 * 2.0, 3.0 - 0.05])  # time limit: r + gamma max Q; goal: r only
+    assert dones.tolist() == [1.0, 0.0, 1.0]
+    # shown time limit ("Step 20/20."): nothing follows, y = r; hidden one: r + gamma max Q; goal: r only
+    assert y.tolist() == pytest.approx([-0.05, -0.05 + 0.5 * 2.0, 3.0 - 0.05])
 
 
 def test_cql_regulariser_and_loss_hand_computed():
