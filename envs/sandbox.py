@@ -17,7 +17,11 @@ How one submission is graded (`run_tests`, `Sandbox.run`, `SandboxPool.map`):
 - Limits, set in the child before the privilege drop (DESIGN.md, "Sandbox facts measured here":
   RLIMIT_NPROC does not bind root): RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_NPROC, RLIMIT_FSIZE,
   RLIMIT_NOFILE, RLIMIT_CORE = 0, and PR_SET_NO_NEW_PRIVS; plus wall-clock deadlines per test and per
-  submission, enforced by the grader, which then kills the child and the process group.
+  submission, enforced by the grader, which then kills the child and the process group. RLIMIT_AS binds
+  each process, not the run: a program that forks up to `Limits.nproc` processes can hold that many times
+  `Limits.memory_mb` of address space (16 x 512 MB = 8 GiB by default), plus its tmpfs (`Limits.disk_mb`).
+  A cgroup memory limit would bound the sum; it is not used (cgroup v1 / v2 and their delegation differ
+  from host to host). Lower `nproc` where several graders run side by side on a small machine.
 - Each concurrent run has its own uid (`UID_BASE` + slot, claimed with a file lock, so separate
   processes on one host never share one): RLIMIT_NPROC counts processes per uid, so a fork bomb in one
   sandbox cannot stop another from forking. The gid is 65534 (nogroup).
