@@ -9,7 +9,7 @@ For each task (an environment seed) a search tree is grown over the agent's acti
      value being P("Yes") to "Will the agent succeed from here?";
   4. simulation: from the best new child a greedy rollout runs to a terminal state or the depth limit;
   5. back-propagation: the rollout's (normalised) return is added to N and W of every ancestor;
-  6. reflection: a failed rollout yields a one-sentence lesson that later expansion prompts include.
+  6. reflection: a failed trajectory (terminal, no success) yields a one-sentence lesson for later prompts.
 The search stops at the first success the environment's verifier confirms, or when the iteration or
 token budget is spent; then the answer is the path of most visited children. No weights are updated.
 
@@ -28,16 +28,16 @@ Copying this file out: it needs `common/` (and `envs/` for the built-in environm
 `package.module:Factory` passed as --env-id whose environment has snapshot()/restore()).
 
 Where this departs from the paper / seed:
-- The LLM value is P(Yes) / (P(Yes) + P(No)) of the first answer token, not a generated 0-1 number:
-  a 135M model rarely writes a parseable number. The environment part of the blend is the path's
-  return divided by `--reward-scale` and clipped to [0, 1] (the verifier's value at terminal states).
-- V(s) in eq. 12.8 is W(s) / N(s); unvisited children (UCB1 = +inf) are tried in the order of their
-  evaluation (LATS's code scores them by it instead, which starved siblings with a noisy 135M value).
+- The LLM value is P(Yes) / (P(Yes) + P(No)) of the first answer token, not a generated 0-1 number: a 135M model
+  rarely writes a parseable number. The environment part of the blend is the path's return divided by
+  `--reward-scale` and clipped to [0, 1] (the verifier's value at terminal states).
+- V(s) in eq. 12.8 is W(s) / N(s); unvisited children (UCB1 = +inf) are tried in the order of their evaluation
+  (LATS's code scores them by it instead, which starved siblings with a noisy 135M value).
 - Simulated steps are not added to the tree; the first step's scores are cached in the child.
-- Reflection "prunes similar branches" only as: failed terminal children and nodes whose children are
-  all dead are never selected again; identical actions are merged at expansion.
-- GridWorld runs in `choice` mode (k distinct action names sampled without replacement from the
-  LLM's distribution over the names, no written thought); `--action-mode free` samples text instead.
+- Reflection "prunes similar branches" only as: failed terminal children and nodes whose children are all dead are
+  never selected again; identical actions are merged at expansion. At most one lesson per iteration.
+- GridWorld runs in `choice` mode (k distinct action names sampled without replacement from the LLM's distribution
+  over the names, no written thought); `--action-mode free` samples text instead.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ import tyro
 import envs
 from common.chat import ChatFormat
 from common.distributed import print0, seed_everything
-from common.models import load_model, resolve_device
+from common.models import load_model, resolve_device, save_model
 from common.records import Trajectory, Turn, write_jsonl
 from common.rollout import RolloutConfig, RolloutEngine, decode_weight_layout, sample_from_logits, score_candidates
 from common.tracking import Tracker, make_run_name
@@ -108,7 +108,7 @@ class Args:
     rollout_depth: int = 8
     """simulation: greedy steps at most from the evaluated child"""
     reflect: bool = True
-    """after a failed simulation, generate a one-sentence lesson added to later expansion prompts"""
+    """after an iteration that reached a failed terminal state, a one-sentence lesson for later expansion prompts"""
     max_reflections: int = 3
     """lessons kept (the most recent ones)"""
     reflection_tokens: int = 32
@@ -456,16 +456,21 @@ class Search:
                 if ch.terminal:
                     mark_dead(ch)
             live = [ch for ch in children if not ch.dead]
-            if not live:
+            # step 6 reflects on a failed trajectory, one that reached a terminal state without success (the
+            # simulation's, else an expanded child's; a rollout cut by --rollout-depth has not failed): <= 1 lesson
+            failed = next((ch.path() for ch in children if ch.terminal), None)  # a success returned above
+            if live:
+                best = max(live, key=lambda ch: ch.value_est)
+                value, steps = self.simulate(best)
+                backpropagate(best, value)
+                if steps and steps[-1].termination == "success":
+                    self.success_steps = best.path() + steps
+                    return iterations
+                failed = best.path() + steps if steps and steps[-1].terminal else failed
+            else:
                 backpropagate(leaf, max((ch.value_est for ch in children), default=0.0))
-                continue
-            best = max(live, key=lambda ch: ch.value_est)
-            value, steps = self.simulate(best)
-            backpropagate(best, value)
-            if steps and steps[-1].termination == "success":
-                self.success_steps = best.path() + steps
-            elif args.reflect and args.max_reflections > 0:
-                self.reflect(best.path() + steps)
+            if failed and args.reflect and args.max_reflections > 0:
+                self.reflect(failed)
         return iterations
 
     def answer(self) -> list[Node]:
@@ -548,7 +553,7 @@ if __name__ == "__main__":
            f"{args.num_tasks} tasks, budget {args.token_budget or 'unlimited'} tokens/task")
 
     start, answers = time.time(), []
-    successes, returns, token_counts = [], [], []
+    successes, token_counts = [], []
     for task in range(args.num_tasks):
         seed, t0 = args.seed * 1000 + task, time.time()
         lm = LM(model, tokenizer, generator)
@@ -567,7 +572,6 @@ if __name__ == "__main__":
         task_s = time.time() - t0
         answers.append(traj)
         successes.append(float(traj.success))
-        returns.append(traj.return_)
         token_counts.append(tokens)
         tracker.scalars({
             "charts/episodic_return": traj.return_,
@@ -582,16 +586,14 @@ if __name__ == "__main__":
                f"({generated} generated) | {task_s:.1f}s | success so far {np.mean(successes):.2f}")
     tracker.trajectories(answers, args.num_tasks)
     write_jsonl(os.path.join(args.output_dir, run_name, "answers.jsonl"), answers)
-    summary = {"eval/success_rate": float(np.mean(successes)), "eval/episodic_return": float(np.mean(returns)),
-               "eval/tokens_per_task": float(np.mean(token_counts))}
+    summary = {"eval/success_rate": float(np.mean(successes)), "eval/tokens_per_task": float(np.mean(token_counts)),
+               "eval/episodic_return": float(np.mean([t.return_ for t in answers]))}
     tracker.scalars(summary, args.num_tasks)
     print0(f"{args.mode}: success {summary['eval/success_rate']:.2f} | return {summary['eval/episodic_return']:.2f} "
            f"| {summary['eval/tokens_per_task']:.0f} tokens/task")
 
-    if args.save_model:
-        path = os.path.join(args.output_dir, run_name, "model")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+    if args.save_model:  # no weights are updated: the model searched with, for the record
+        save_model(model, tokenizer, path := os.path.join(args.output_dir, run_name, "model"))
         print0(f"model saved to {path}")
     print0(f"done in {time.time() - start:.0f}s; logs in {os.path.join(args.output_dir, run_name)}")
     tracker.close()

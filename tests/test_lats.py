@@ -188,6 +188,24 @@ def test_search_finds_a_verified_success(tiny):
     assert traj.success and traj.num_policy_tokens == sum(len(n.action_ids) for n in path[1:])
 
 
+@pytest.mark.parametrize("max_steps, rollout_depth", [(20, 1), (2, 8), (1, 0)])
+def test_reflection_only_after_a_failed_terminal_state(tiny, max_steps, rollout_depth):
+    """LATS step 6: a lesson after a trajectory that ended without success, never after a rollout the depth cap cut
+    (20 steps, rollouts of 1: nothing ends within 3 iterations); (2, 8): rollouts end at the step limit; (1, 0):
+    every expanded child is a failed terminal and nothing is simulated, so only the children can be reflected on."""
+    model, tok = tiny
+    lm = lats.LM(model, tok, torch.Generator().manual_seed(0))
+    args = _args(k=2, iterations=3, rollout_depth=rollout_depth, token_budget=0)
+    search = lats.Search(args, lm, GridWorldEnv(layout=("S......G",), max_steps=max_steps), seed=0,
+                         action_mode="choice", scale=5.0)
+    reflected = []
+    search.reflect = reflected.append
+    search.run()
+    assert all(path[-1].terminal and path[-1].termination != "success" for path in reflected)
+    assert all(path[0] is search.root for path in reflected)
+    assert len(reflected) == (0 if max_steps == 20 else min(3, search.root.visits))  # <= 1 lesson per iteration
+
+
 def test_react_respects_the_token_budget(tiny):
     model, tok = tiny
     args = _args(token_budget=2500, react_batch=2)
