@@ -204,6 +204,10 @@ if [ -n "${PROCEDURAL_GIGPO:-}" ]; then
     timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
         --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_50$more.jsonl" \
         --trajectories "$DIR/test_50${more}_episodes_$seed.jsonl" ${more:+--seed 1}
+    # sampled at T = 1 as well (part 25's second test; session 54 ran these after all three seeds had trained)
+    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+        --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_50${more}_t1.jsonl" \
+        --trajectories "$DIR/test_50${more}_t1_episodes_$seed.jsonl" ${more:+--seed 1}
   done
 fi
 

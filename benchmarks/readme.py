@@ -351,10 +351,12 @@ PROCEDURAL_PPO = [
     *[(f"ppo_gae_agent_procedural_shaped_ent05_top12_b16_1600{more}{suffix}.jsonl", (f"{_ENT}, top 12 layers, 16 "
        "episodes per iteration, unmasked, the same runs continued" + (", tested on 50 other held-out layouts" if more
        else "")), temperature, [1600], "NO_MASK PROCEDURAL_MASKED_B16_1600 (part 25)")
-      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],    *[(f"grpo_agent_procedural_gigpo{more}.jsonl", ("`-shaped`, **`grpo_agent.py`** with GiGPO's step-level advantages "
-       "(`--step-adv-coef 1`), 2 layouts x 8 episodes per iteration, top 12 layers, lr 1e-4, unmasked"
-       + (", tested on 50 other held-out layouts" if more else "")), 0.0, [800],
-       "PROCEDURAL_GIGPO (part 26, in grpo_agent.sh)") for more in ("", "_more")],
+      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    *[(f"grpo_agent_procedural_gigpo{more}{suffix}.jsonl", ("`-shaped`, **`grpo_agent.py`** with GiGPO's step-level "
+       "advantages (`--step-adv-coef 1`), 2 layouts x 8 episodes per iteration, top 12 layers, lr 1e-4, unmasked"
+       + (", tested on 50 other held-out layouts" if more else "")), temperature, [800],
+       "PROCEDURAL_GIGPO (part 26, in grpo_agent.sh)")
+      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
