@@ -95,7 +95,7 @@ def test_records_seeds_and_reproducibility():
         assert t.return_ == pytest.approx(sum(u.reward for u in t.turns))
 
 
-def test_transitions_done_only_on_termination_and_chain_observations():
+def test_transitions_done_on_termination_and_shown_time_limits_and_chain_observations():
     trajs = collect("gridworld", "noisy", 30, seed=0) + collect("frozenlake", "noisy", 10, seed=0)
     kinds = {t.termination for t in trajs}
     assert {"truncated", "success", "failure"} <= kinds  # gridworld times out; frozenlake falls in holes
