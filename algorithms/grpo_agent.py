@@ -70,7 +70,7 @@ from common.models import (adapter_disabled, autocast, load_model, refresh_sampl
                            save_model, train_top_layers)
 from common.offline import place_key
 from common.records import Trajectory
-from common.rollout import (RolloutConfig, RolloutEngine, behavior_units, episode_metrics, evaluate_episodes,
+from common.rollout import (RolloutConfig, RolloutEngine, behavior_units, check_env, episode_metrics, evaluate_episodes,
                             format_demonstrations, policy_logprobs, sft_cold_start)
 from common.tracking import Tracker, make_run_name
 from common.vllm_backend import BackendUnavailable, TokenRolloutEngine, VLLMGenerator, require_vllm, sync_weights
@@ -111,6 +111,9 @@ class Args:
     """`choice`: a distribution over the environment's action names; `free`: generated text the environment parses"""
     choice_token_norm: bool = True
     """TWOSOME normalisation: divide an action's log-prob by its token count (matters for multi-token names)"""
+    mask_illegal_actions: bool = False
+    """choice mode: sample and train only over the environment's legal_actions() (Huang & Ontañón 2022's invalid-action
+    masking; GridWorld: the moves no wall or edge blocks)"""
     learning_rate: float = 1e-4
     """AdamW learning rate"""
     trainable_layers: int = 6
@@ -317,8 +320,8 @@ if __name__ == "__main__":
     resumed = ckpt.read() if args.resume else None  # a bad checkpoint fails here, before loading a model
     if resumed and args.total_iterations < (done := resumed["counters"]["iteration"]):
         raise SystemExit(f"--total-iterations {args.total_iterations}: the checkpoint is at iteration {done} already")
-    try:
-        envs.make(args.env_id)  # fail fast on a bad --env-id, before loading a model
+    try:  # fail fast on a bad --env-id, or one the engine cannot act on as asked, before loading a model
+        check_env(envs.make(args.env_id), args.action_mode, args.mask_illegal_actions)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"--env-id: {e}")
     if args.rollout_backend == "vllm":  # fail fast, before loading a model
@@ -363,7 +366,8 @@ if __name__ == "__main__":
     frozen_below = num_layers - args.trainable_layers if 0 < args.trainable_layers < num_layers else None
     rollout_config = RolloutConfig(action_mode=args.action_mode, temperature=args.temperature, top_p=args.top_p,
                                    top_k=args.top_k, max_turn_tokens=args.max_turn_tokens,
-                                   max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm)
+                                   max_total_tokens=args.max_total_tokens, choice_token_norm=args.choice_token_norm,
+                                   mask_illegal_actions=args.mask_illegal_actions)
     if vllm_gen is not None:  # vLLM samples; it computes no activations the trainer could reuse
         frozen_below, engine = None, TokenRolloutEngine(vllm_gen, tokenizer, rollout_config)
     else:  # the policy samples, or a bf16 copy of it (--rollout-dtype)
@@ -372,9 +376,6 @@ if __name__ == "__main__":
 
     def push_weights(version: int) -> float:  # the sampler gets the trained weights: seconds it took
         return sync_weights(model, vllm_gen, version) if vllm_gen is not None else refresh_sampling_copy(engine.model, model)
-
-    if args.action_mode == "choice" and not getattr(envs.make(args.env_id), "action_names", None):
-        raise SystemExit(f"--action-mode choice needs an environment with action_names; {args.env_id} has none")
 
     all_reduce_grads = lambda: average_gradients(params, args.world_size)  # noqa: E731  (torchrun; FSDP's are done)
 

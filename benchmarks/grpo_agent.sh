@@ -187,25 +187,28 @@ if [ -n "${PROCEDURAL_GIGPO:-}" ]; then
   # budget and trained layers (16 episodes per iteration, top 12 layers, lr 1e-4, both bf16 flags, unmasked):
   # 2 layouts x 8 episodes per iteration, so turns from one state meet within a group. Seed: SEED (default 1).
   # Tested greedily on the 50 held-out layouts (issue 9's target) and on 50 others (environment seeds 100,000+).
+  # Part 27: MASKED=1 trains and tests with --mask-illegal-actions (only the moves no wall or edge blocks; its own
+  # action space, as PPO's part 22), in proc_rel_shaped_gigpo_masked.
   seed=${SEED:-1}
-  EXP=proc_rel_shaped_gigpo; DIR="$OUT/$EXP"
+  MASK=(${MASKED:+--mask-illegal-actions})
+  EXP=proc_rel_shaped_gigpo${MASKED:+_masked}; DIR="$OUT/$EXP"
   RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__${EXP}__${seed}__* 2>/dev/null | tail -1 || true)
   if [ -z "$RUN" ]; then
     timed python algorithms/grpo_agent.py --env-id gridworld-procedural-relative-shaped --num-groups 2 --group-size 8 \
         --step-adv-coef 1 --trainable-layers 12 --learning-rate 1e-4 --rollout-dtype bfloat16 --update-dtype bfloat16 \
         --total-iterations "${ITERATIONS:-50}" --eval-every 10 --checkpoint-every 5 --save-model --seed "$seed" \
-        --exp-name "$EXP" --output-dir "$DIR"
+        "${MASK[@]}" --exp-name "$EXP" --output-dir "$DIR"
   else
     timed python algorithms/grpo_agent.py --resume "$RUN" --total-iterations "${ITERATIONS:-50}"
   fi
   RUN=$(ls -d "$DIR"/gridworld-procedural-relative-shaped__${EXP}__${seed}__* | tail -1)
   python benchmarks/summarize_run.py "$RUN" --every 160 | tee "$DIR/summary_$seed.md"
   for more in "" _more; do
-    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative "${MASK[@]}" \
         --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --output "$DIR/test_50$more.jsonl" \
         --trajectories "$DIR/test_50${more}_episodes_$seed.jsonl" ${more:+--seed 1}
     # sampled at T = 1 as well (part 25's second test; session 54 ran these after all three seeds had trained)
-    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+    timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative "${MASK[@]}" \
         --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_50${more}_t1.jsonl" \
         --trajectories "$DIR/test_50${more}_t1_episodes_$seed.jsonl" ${more:+--seed 1}
   done
