@@ -211,6 +211,12 @@ if [ -n "${PROCEDURAL_GIGPO:-}" ]; then
     timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative "${MASK[@]}" \
         --env-kwargs '{"split": "test"}' --temperature 1 --episodes 50 --output "$DIR/test_50${more}_t1.jsonl" \
         --trajectories "$DIR/test_50${more}_t1_episodes_$seed.jsonl" ${more:+--seed 1}
+    if [ -z "${MASKED:-}" ]; then  # the unmasked policy tested greedily with the mask, at test time only (session 55)
+      timed python benchmarks/zero_shot.py --model "$RUN/model" --env-id gridworld-procedural-relative \
+          --env-kwargs '{"split": "test"}' --temperature 0 --episodes 50 --mask-illegal-actions \
+          --output "$DIR/test_50${more}_testmask.jsonl" --trajectories "$DIR/test_50${more}_testmask_episodes_$seed.jsonl" \
+          ${more:+--seed 1}
+    fi
   done
 fi
 

@@ -357,6 +357,11 @@ PROCEDURAL_PPO = [
        + (", tested on 50 other held-out layouts" if more else "")), temperature, [800],
        "PROCEDURAL_GIGPO (part 26, in grpo_agent.sh)")
       for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
+    *[(f"grpo_agent_procedural_gigpo{more}_testmask.jsonl", ("`-shaped`, **`grpo_agent.py`** with GiGPO, the unmasked "
+       "runs above, tested with invalid-action masking (`zero_shot.py --mask-illegal-actions`: masked at test time "
+       "only)" + (", on 50 other held-out layouts" if more else "")), 0.0, [800],
+       "PROCEDURAL_GIGPO (part 26, in grpo_agent.sh)")
+      for more in ("", "_more")],
 ]
 
 
