@@ -362,6 +362,11 @@ PROCEDURAL_PPO = [
        "only)" + (", on 50 other held-out layouts" if more else "")), 0.0, [800],
        "PROCEDURAL_GIGPO (part 26, in grpo_agent.sh)")
       for more in ("", "_more")],
+    *[(f"grpo_agent_procedural_gigpo_masked{more}{suffix}.jsonl", ("`-shaped`, **`grpo_agent.py`** with GiGPO, 2 layouts "
+       "x 8 episodes per iteration, top 12 layers, lr 1e-4, masked (`--mask-illegal-actions`, trained and tested)"
+       + (", tested on 50 other held-out layouts" if more else "")), temperature, [800],
+       "PROCEDURAL_GIGPO MASKED (part 27, in grpo_agent.sh)")
+      for more in ("", "_more") for suffix, temperature in (("", 0.0), ("_t1", 1.0))],
 ]
 
 
