@@ -164,6 +164,23 @@ def test_bad_flags_fail_fast_with_a_message(path, early_exits):
         assert bad[0].lstrip("-") in (result["stderr"] + result["stdout"]).replace("_", "-"), result["stderr"][-2000:]
 
 
+MASKING_SCRIPTS = [path for path in SCRIPTS if "mask_illegal_actions: bool" in path.read_text()]
+
+
+@pytest.mark.parametrize("path", MASKING_SCRIPTS, ids=lambda p: p.name)
+def test_mask_illegal_actions_fails_fast_where_it_cannot_apply(path, tmp_path):
+    """--mask-illegal-actions needs choice mode and an environment that lists its legal actions: a clear message, no
+    traceback, and no model loaded or run directory made."""
+    cases = [(["--env-id", "babyai-gotoredball"], "legal_actions() lists them; BabyAITextEnv does not"),
+             (["--action-mode", "free"], "masks action names: it needs choice mode")]
+    results = run_many([(path, ["--model", "tiny", "--output-dir", str(tmp_path), "--mask-illegal-actions", *flags])
+                        for flags, _ in cases])
+    for (flags, message), result in zip(cases, results):
+        assert result["returncode"] != 0 and message in result["stderr"], (flags, result["stderr"][-2000:])
+        assert "Traceback" not in result["stderr"], result["stderr"][-2000:]
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_smoke_run_tags_reproducibility_and_checkpoint(path, tmp_path):
     tags = module_literal(path, "LOGGED_TAGS")
