@@ -1,6 +1,7 @@
 """PPO + GAE: turn-level GAE against hand-computed values, the clipped losses, the value head, a learning check."""
 
 import importlib.util
+import math
 import socket
 import subprocess
 import sys
@@ -262,6 +263,9 @@ def test_mask_illegal_actions_trains_on_the_mask_it_sampled_with(tmp_path):
     scalars = read_scalars(run_dir)
     assert max(v for _, v in scalars["diagnostics/logprob_mismatch"]) < 1e-3, scalars["diagnostics/logprob_mismatch"]
     assert all(torch.isfinite(torch.tensor(v)) for _, v in scalars["losses/policy_loss"])
+    # the flag reached the sampler: tiny is near-uniform over the four moves (entropy ~ log 4 unmasked), so only the
+    # mask (two or three legal moves where walls or edges block) brings the policy's entropy well below it
+    assert scalars["losses/entropy"][0][1] < math.log(4) - 0.1, scalars["losses/entropy"]
 
 
 def test_bf16_sampler_is_not_for_fsdp():
